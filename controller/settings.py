@@ -1,0 +1,369 @@
+"""Configuration: config.toml read once with tomllib into frozen pydantic models.
+
+Owns the schema of config.toml (every field documented here), the validation of profiles the way
+SGLang 0.5.23 would validate their flags, and the one error type a bad file raises
+(`ConfigError`, which the CLI turns into exit code 78, systemd's "do not restart" status).
+Must not start anything or touch the network.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from policies.types import Mode, ProfileSpec
+
+EXIT_CONFIG = 78  # EX_CONFIG; the systemd unit sets RestartPreventExitStatus=78
+
+# SGLang 0.5.23's --speculative-algorithm choices (srt/server_args.py).
+SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO")
+# Flags the controller owns for every profile: a profile may not set them.
+RESERVED_FLAGS = ("--host", "--port")
+
+
+class ConfigError(Exception):
+    """A configuration file that cannot be used: the message names the file, the key and why."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ControllerSettings(_Frozen):
+    """[controller]: the control loop."""
+
+    mode: Mode = Field(
+        Mode.ACTIVE,
+        description="active: act on decisions; advisory: decide and explain, never restart.",
+    )
+    poll_interval_s: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds between scrapes (server time); 10 s spans many gauge refreshes.",
+    )
+    database: str = Field(
+        "specpilot.db",
+        description="SQLite file; relative paths are under $STATE_DIRECTORY when systemd sets it.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    scrape_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout of one scrape.")
+    time_scale: float = Field(
+        1.0,
+        gt=0,
+        description="Simulated seconds per real second. 1 for a real server; for the simulator it "
+        "must equal its --sim-speed, so that every *_s setting is in the server's time.",
+    )
+
+
+class ApiSettings(_Frozen):
+    """[api]: the REST API and the controller's own /metrics."""
+
+    enabled: bool = True
+    host: str = Field("127.0.0.1", description="Bind address; loopback by default.")
+    port: int = Field(8471, ge=0, le=65535, description="0 picks a free port.")
+    token: str = Field("", description="Write endpoints' bearer token.")
+    token_file: str = Field("", description="File with the token.")
+
+
+class ServerSettings(_Frozen):
+    """[server]: the SGLang server (or the simulator) being controlled."""
+
+    actuator: Literal["process", "systemd", "command"] = Field(
+        "process",
+        description="process: specpilot runs the server as its child; systemd: a unit of its own; "
+        "command: user-given switch/status commands.",
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(30000, ge=1, le=65535)
+    launch: list[str] = Field(
+        default_factory=lambda: ["{python}", "-m", "simulator"],
+        description="Command before the flags. {python} is this interpreter. Real SGLang: "
+        '["python", "-m", "sglang.launch_server"].',
+    )
+    common_flags: list[str] = Field(
+        default_factory=list, description="Flags every profile gets (model path, metrics...)."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Environment for every profile.")
+    initial_profile: str = Field("baseline", description="Profile started when none is running.")
+    owns_server: bool = Field(
+        True, description="Stop the server when the controller stops (process actuator only)."
+    )
+    start_timeout_s: float = Field(
+        900.0, gt=0, description="Deadline for /ready after a start; a 1T model needs minutes."
+    )
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="Bounded wait for in-flight requests before SIGTERM."
+    )
+    stop_timeout_s: float = Field(
+        30.0, gt=0, description="SIGTERM -> SIGKILL of the whole process group after this."
+    )
+    pid_file: str = Field("", description="Where the process actuator records the server's pid.")
+    log_file: str = Field("", description="Server stdout/stderr; empty: inherit.")
+    systemd_unit: str = Field("sglang@specpilot.service", description="Unit (systemd actuator).")
+    systemd_env_file: str = Field(
+        "/etc/specpilot/sglang.env", description="EnvironmentFile of the unit."
+    )
+    switch_command: list[str] = Field(
+        default_factory=list, description="command actuator: run with {profile} and {flags}."
+    )
+    status_command: list[str] = Field(
+        default_factory=list, description="command actuator: prints the running profile."
+    )
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class ProfileSettings(_Frozen):
+    """[profiles.NAME]: one speculation profile = flags + environment."""
+
+    flags: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    kind: Literal["fixed", "adaptive"] = "fixed"
+    description: str = ""
+
+    @field_validator("flags")
+    @classmethod
+    def _no_reserved(cls, v: list[str]) -> list[str]:
+        for flag in v:
+            if flag.split("=", 1)[0] in RESERVED_FLAGS:
+                raise ValueError(f"{flag} is set by [server], not by a profile")
+        return v
+
+
+class Settings(_Frozen):
+    """The whole file."""
+
+    controller: ControllerSettings = ControllerSettings()
+    api: ApiSettings = ApiSettings()
+    server: ServerSettings = ServerSettings()
+    policy: dict[str, float | int | bool | str] = Field(
+        default_factory=dict, description="Overrides of policies.decide.PolicySettings fields."
+    )
+    profiles: dict[str, ProfileSettings]
+
+    @model_validator(mode="after")
+    def _check_profiles(self) -> Settings:
+        if not self.profiles:
+            raise ValueError("[profiles] must define at least one profile")
+        if self.server.initial_profile not in self.profiles:
+            raise ValueError(
+                f"server.initial_profile {self.server.initial_profile!r} is not a profile "
+                f"(have: {', '.join(sorted(self.profiles))})"
+            )
+        sim_speed = _flag_values(self.server.common_flags).get("--sim-speed")
+        if sim_speed is not None and float(sim_speed) != self.controller.time_scale:
+            raise ValueError(
+                f"controller.time_scale ({self.controller.time_scale}) must equal the simulator's "
+                f"--sim-speed ({sim_speed}) in server.common_flags"
+            )
+        return self
+
+    def profile_specs(self) -> list[ProfileSpec]:
+        return [profile_spec(name, p) for name, p in self.profiles.items()]
+
+    def api_token(self) -> str:
+        """Write token: SPECPILOT_API_TOKEN, else api.token, else token_file's first line."""
+        env = os.environ.get("SPECPILOT_API_TOKEN", "").strip()
+        if env:
+            return env
+        if self.api.token:
+            return self.api.token
+        if self.api.token_file:
+            try:
+                return Path(self.api.token_file).read_text().splitlines()[0].strip()
+            except (OSError, IndexError) as e:
+                raise ConfigError(f"api.token_file {self.api.token_file}: {e}") from e
+        return ""
+
+    def launch_argv(self, profile: str) -> list[str]:
+        """The full command line that starts the server with `profile`."""
+        launch = [sys.executable if a == "{python}" else a for a in self.server.launch]
+        return [
+            *launch,
+            *self.server.common_flags,
+            *self.profiles[profile].flags,
+            "--host",
+            self.server.host,
+            "--port",
+            str(self.server.port),
+        ]
+
+    def launch_env(self, profile: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The server's environment: base + [server].env + the profile's env, never NOTIFY_SOCKET
+        (the server must not talk to specpilot's systemd notify socket)."""
+        env = dict(os.environ if base is None else base)
+        env.update(self.server.env)
+        env.update(self.profiles[profile].env)
+        env.pop("NOTIFY_SOCKET", None)
+        env.pop("WATCHDOG_USEC", None)
+        env.pop("WATCHDOG_PID", None)
+        return env
+
+
+def _flag_values(flags: Sequence[str]) -> dict[str, str | None]:
+    """--flag value / --flag=value / --switch -> {flag: value or None}."""
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(flags):
+        tok = flags[i]
+        if not tok.startswith("--"):
+            raise ValueError(f"unexpected value {tok!r} (flags must start with --)")
+        if "=" in tok:
+            k, v = tok.split("=", 1)
+            out[k] = v
+            i += 1
+        elif i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            out[tok] = flags[i + 1]
+            i += 2
+        else:
+            out[tok] = None
+            i += 1
+    return out
+
+
+def _int_flag(vals: Mapping[str, str | None], name: str) -> int | None:
+    v = vals.get(name)
+    if name in vals and v is None:
+        raise ValueError(f"{name} needs a value")
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {v!r}") from None
+
+
+def profile_spec(name: str, profile: ProfileSettings) -> ProfileSpec:
+    """The speculation shape of a profile, resolved with SGLang 0.5.23's rules
+    (srt/arg_groups/speculative_hook.py): steps unset -> topk and draft tokens must be unset too and
+    SGLang picks (3 steps, topk 1, 4 tokens); topk 1 -> draft tokens = steps + 1.
+    Raises ValueError with the flag and the reason for flags SGLang would reject."""
+    vals = _flag_values(profile.flags)
+    algo = vals.get("--speculative-algorithm")
+    if "--speculative-algorithm" in vals and algo is None:
+        raise ValueError("--speculative-algorithm needs a value")
+    steps = _int_flag(vals, "--speculative-num-steps")
+    topk = _int_flag(vals, "--speculative-eagle-topk")
+    tokens = _int_flag(vals, "--speculative-num-draft-tokens")
+    adaptive = "--speculative-adaptive" in vals
+    if algo is None:
+        if steps is not None or topk is not None or tokens is not None or adaptive:
+            raise ValueError("--speculative-* flags given without --speculative-algorithm")
+        if profile.kind == "adaptive":
+            raise ValueError("kind = 'adaptive' needs --speculative-algorithm EAGLE or EAGLE3")
+        return ProfileSpec(name=name)
+    algo = algo.upper()
+    if algo not in SPEC_ALGORITHMS:
+        raise ValueError(
+            f"--speculative-algorithm {algo!r} is not one of {', '.join(SPEC_ALGORITHMS)}"
+        )
+    if algo == "NEXTN":
+        algo = "EAGLE"
+    if steps is None:
+        if topk is not None or tokens is not None:
+            raise ValueError(
+                "--speculative-eagle-topk / --speculative-num-draft-tokens need "
+                "--speculative-num-steps (SGLang rejects them alone)"
+            )
+        steps, topk, tokens = 3, 1, 4
+    if steps < 1:
+        raise ValueError(f"--speculative-num-steps must be >= 1, got {steps}")
+    topk = 1 if topk is None else topk
+    if topk < 1:
+        raise ValueError(f"--speculative-eagle-topk must be >= 1, got {topk}")
+    if topk == 1:
+        tokens = steps + 1
+    elif tokens is None:
+        raise ValueError("--speculative-num-draft-tokens is required when topk > 1")
+    if adaptive and (algo not in ("EAGLE", "EAGLE3") or topk != 1):
+        raise ValueError("--speculative-adaptive works only with EAGLE/EAGLE3 and topk 1")
+    if profile.kind == "adaptive" and not adaptive:
+        raise ValueError("kind = 'adaptive' needs the --speculative-adaptive flag")
+    candidates: tuple[int, ...] = ()
+    if adaptive:
+        cfg = vals.get("--speculative-adaptive-config")
+        candidates = _adaptive_candidates(cfg) if cfg else (0, 1, 3, 5, 7)
+    return ProfileSpec(
+        name=name,
+        num_steps=steps,
+        draft_tokens=tokens,
+        topk=topk,
+        algorithm=algo,
+        adaptive=adaptive,
+        candidate_steps=candidates,
+    )
+
+
+def _adaptive_candidates(path: str) -> tuple[int, ...]:
+    import json
+
+    try:
+        table = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--speculative-adaptive-config {path}: {e}") from e
+    steps: set[int] = set()
+    try:
+        for bucket in table.values():
+            steps.update(int(s) for s in bucket["candidate_steps"])
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"--speculative-adaptive-config {path}: bad table ({e})") from e
+    return tuple(sorted(steps))
+
+
+def _fmt_loc(loc: Sequence[Any]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def load_settings(path: str | os.PathLike[str]) -> Settings:
+    """Read and validate config.toml. Raises ConfigError naming the file, key and problem."""
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read: {e}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: TOML syntax error: {e}") from e
+    return settings_from_dict(raw, source=str(p))
+
+
+def settings_from_dict(raw: Mapping[str, Any], *, source: str = "<config>") -> Settings:
+    try:
+        settings = Settings.model_validate(raw)
+    except ValidationError as e:
+        lines = [f"{source}: invalid configuration:"]
+        for err in e.errors():
+            lines.append(f"  {_fmt_loc(err['loc']) or '(top)'}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from None
+    for name, prof in settings.profiles.items():
+        try:
+            profile_spec(name, prof)
+        except ValueError as e:
+            raise ConfigError(f"{source}: profiles.{name}.flags: {e}") from None
+    try:
+        policy_settings(settings)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{source}: policy: {e}") from None
+    return settings
+
+
+def policy_settings(settings: Settings) -> Any:
+    """policies.decide.PolicySettings with the [policy] overrides applied (unknown key -> error)."""
+    import dataclasses
+
+    from policies.decide import PolicySettings
+
+    known = {f.name: f for f in dataclasses.fields(PolicySettings)}
+    for key in settings.policy:
+        if key not in known:
+            raise ValueError(f"unknown key {key!r} (known: {', '.join(sorted(known))})")
+    return PolicySettings(**settings.policy)
