@@ -1,0 +1,191 @@
+"""specpilot's own Prometheus metrics, on a dedicated registry (never the global one).
+
+Owns the metric names (prefix `specpilot_`, base units, `_total` counters, `_seconds`), their
+help texts and the one function that refreshes them from a tick's results. Formatting is
+prometheus_client's: nothing here writes exposition text by hand. Must not decide anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from policies.types import Decision, Mode, Observation, ProfilePrediction, Reason
+
+
+class ControllerMetrics:
+    """All specpilot_* series. One instance per daemon (tests make their own)."""
+
+    def __init__(self, profiles: Iterable[str]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.profiles = list(profiles)
+        self.info_profile = Gauge(
+            "specpilot_current_profile",
+            "1 for the profile the server runs now, 0 for the others.",
+            ["profile"],
+            registry=r,
+        )
+        self.predicted_tok_s = Gauge(
+            "specpilot_predicted_output_tokens_per_second",
+            "Predicted output tokens/s of each profile for the traffic served now.",
+            ["profile", "bound"],
+            registry=r,
+        )
+        self.observed_tok_s = Gauge(
+            "specpilot_observed_output_tokens_per_second",
+            "Output tokens/s measured over the last window, for the profile running.",
+            ["profile"],
+            registry=r,
+        )
+        self.accept_length = Gauge(
+            "specpilot_accept_length",
+            "Accepted drafts + bonus per verify step, per workload, last window.",
+            ["profile", "workload"],
+            registry=r,
+        )
+        self.breakeven = Gauge(
+            "specpilot_breakeven_accept_length",
+            "Accept length a speculative profile needs to match baseline at this batch size.",
+            ["profile"],
+            registry=r,
+        )
+        self.cycle_seconds = Gauge(
+            "specpilot_cycle_seconds",
+            "Estimated decode cycle time per profile at the batch size served now.",
+            ["profile"],
+            registry=r,
+        )
+        self.batch_size = Gauge(
+            "specpilot_batch_size", "Mean running requests over the last window.", registry=r
+        )
+        self.decisions = Counter(
+            "specpilot_decisions",
+            "Decisions by action and reason.",
+            ["action", "reason"],
+            registry=r,
+        )
+        self.switches = Counter(
+            "specpilot_switches",
+            "Switches attempted, by reason and outcome.",
+            ["reason", "outcome"],
+            registry=r,
+        )
+        self.rollbacks = Counter(
+            "specpilot_rollbacks",
+            "Rollbacks to the last good profile, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.downtime = Histogram(
+            "specpilot_restart_downtime_seconds",
+            "Server downtime per switch (server time).",
+            buckets=(5, 15, 30, 60, 120, 180, 300, 600, 1200, float("inf")),
+            registry=r,
+        )
+        self.mode = Gauge(
+            "specpilot_mode", "1 for the mode in force (active|advisory).", ["mode"], registry=r
+        )
+        self.pinned = Gauge(
+            "specpilot_override_pin",
+            "1 while a pin is in force, per pinned profile.",
+            ["profile"],
+            registry=r,
+        )
+        self.pin_expiry = Gauge(
+            "specpilot_override_pin_expiry_timestamp_seconds",
+            "When the pin expires (0: no pin, +Inf: no expiry).",
+            registry=r,
+        )
+        self.paused = Gauge("specpilot_override_paused", "1 while paused.", registry=r)
+        self.pause_expiry = Gauge(
+            "specpilot_override_pause_expiry_timestamp_seconds",
+            "When the pause expires (0: not paused).",
+            registry=r,
+        )
+        self.blocked = Gauge(
+            "specpilot_blocked",
+            "1 while automatic switching is stopped by an unknown outcome.",
+            registry=r,
+        )
+        self.scrape_errors = Counter(
+            "specpilot_scrape_errors", "Failed scrapes of the server.", registry=r
+        )
+        self.target_up = Gauge(
+            "specpilot_target_up", "1 if the last scrape of the server succeeded.", registry=r
+        )
+        self.tick_seconds = Histogram(
+            "specpilot_tick_duration_seconds",
+            "Wall time of one control tick (observe, estimate, decide, record).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, float("inf")),
+            registry=r,
+        )
+        self.findings = Counter(
+            "specpilot_findings",
+            "Findings reported (drift, low acceptance...).",
+            ["kind"],
+            registry=r,
+        )
+        # Initialise labelled children so the series exist from the first scrape.
+        for p in self.profiles:
+            self.info_profile.labels(p).set(0)
+        for m in Mode:
+            self.mode.labels(m.value).set(0)
+        for reason in Reason:
+            self.decisions.labels("hold" if reason.name.startswith("HOLD") else "switch", reason)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def set_profile(self, running: str | None) -> None:
+        for p in self.profiles:
+            self.info_profile.labels(p).set(1 if p == running else 0)
+
+    def set_mode(self, mode: Mode) -> None:
+        for m in Mode:
+            self.mode.labels(m.value).set(1 if m is mode else 0)
+
+    def observe_window(self, obs: Observation) -> None:
+        rate = obs.output_tok_s
+        if rate is not None:
+            self.observed_tok_s.labels(obs.profile).set(rate)
+        if obs.running_reqs is not None:
+            self.batch_size.set(obs.running_reqs)
+        for w in obs.workloads:
+            if w.generation_tokens and w.verify_calls:
+                gen = w.generation_tokens - (w.requests or 0.0)
+                self.accept_length.labels(obs.profile, w.workload).set(gen / w.verify_calls)
+
+    def set_predictions(self, preds: Iterable[ProfilePrediction]) -> None:
+        for p in preds:
+            if p.tok_s is not None:
+                self.predicted_tok_s.labels(p.profile, "mean").set(p.tok_s.mean)
+                self.predicted_tok_s.labels(p.profile, "low").set(p.tok_s.low)
+                self.predicted_tok_s.labels(p.profile, "high").set(p.tok_s.high)
+            if p.cycle_s is not None:
+                self.cycle_seconds.labels(p.profile).set(p.cycle_s.mean)
+            if p.breakeven_accept_length is not None:
+                self.breakeven.labels(p.profile).set(p.breakeven_accept_length)
+
+    def count_decision(self, d: Decision) -> None:
+        self.decisions.labels(d.action.value, d.reason.value).inc()
+
+    def set_overrides(self, state: Mapping[str, object]) -> None:
+        """`state` is Controller.override_view(): pin/pause/blocked with their expiries."""
+        self.pinned.clear()
+        pin = state.get("pin")
+        if isinstance(pin, Mapping):
+            self.pinned.labels(str(pin["profile"])).set(1)
+            until = pin.get("until_s")
+            self.pin_expiry.set(float("inf") if until is None else float(until))  # type: ignore[arg-type]
+        else:
+            self.pin_expiry.set(0)
+        pause = state.get("pause")
+        if isinstance(pause, Mapping):
+            self.paused.set(1)
+            self.pause_expiry.set(float(pause["until_s"]))  # type: ignore[arg-type]
+        else:
+            self.paused.set(0)
+            self.pause_expiry.set(0)
+        self.blocked.set(1 if state.get("blocked_reason") else 0)
