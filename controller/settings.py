@@ -103,6 +103,14 @@ class ServerSettings(_Frozen):
     stop_timeout_s: float = Field(
         30.0, gt=0, description="SIGTERM -> SIGKILL of the whole process group after this."
     )
+    crash_backoff_s: float = Field(
+        30.0,
+        gt=0,
+        description="First wait before restarting a crashed server; doubles per failure.",
+    )
+    crash_backoff_max_s: float = Field(
+        1800.0, gt=0, description="Longest wait between restarts of a server that keeps crashing."
+    )
     pid_file: str = Field("", description="Where the process actuator records the server's pid.")
     log_file: str = Field("", description="Server stdout/stderr; empty: inherit.")
     systemd_unit: str = Field("sglang@specpilot.service", description="Unit (systemd actuator).")
