@@ -1,0 +1,159 @@
+"""config.toml: the shipped file loads, bad files fail with the key and exit 78."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller.settings import (
+    EXIT_CONFIG,
+    ConfigError,
+    ProfileSettings,
+    load_settings,
+    profile_spec,
+    settings_from_dict,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _base(**profiles: list[str]) -> dict:
+    return {
+        "server": {"initial_profile": "baseline"},
+        "profiles": {"baseline": {"flags": []}, **{k: {"flags": v} for k, v in profiles.items()}},
+    }
+
+
+def test_shipped_config_loads() -> None:
+    s = load_settings(ROOT / "config.toml")
+    assert set(s.profiles) == {"baseline", "eagle3-2step", "eagle3-5step"}
+    specs = {p.name: p for p in s.profile_specs()}
+    assert specs["baseline"].num_steps == 0 and not specs["baseline"].speculative
+    assert (specs["eagle3-2step"].num_steps, specs["eagle3-2step"].draft_tokens) == (2, 3)
+    assert (specs["eagle3-5step"].num_steps, specs["eagle3-5step"].draft_tokens) == (5, 6)
+    assert s.controller.mode.value == "active"
+    argv = s.launch_argv("eagle3-2step")
+    assert argv[argv.index("--port") + 1] == "30000"
+    assert "--speculative-num-steps" in argv
+
+
+def test_example_config_for_real_sglang_is_advisory() -> None:
+    p = ROOT / "deploy" / "config.example.toml"
+    if not p.exists():
+        pytest.skip("deploy/config.example.toml not written yet")
+    s = load_settings(p)
+    assert s.controller.mode.value == "advisory"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[controller\nmode=1", "TOML syntax error"),
+        ("[profiles.baseline]\nflags=[]\n[controler]\n", "controler"),
+        ("[controller]\npoll_interval_s = -1\n[profiles.baseline]\n", "controller.poll_interval_s"),
+        ("[controller]\nmode = 'sometimes'\n[profiles.baseline]\n", "controller.mode"),
+        ("[server]\ninitial_profile = 'x'\n[profiles.baseline]\n", "initial_profile"),
+        (
+            "[profiles.baseline]\n[profiles.bad]\nflags=['--speculative-algorithm','MEDUSA']\n",
+            "profiles.bad.flags",
+        ),
+        (
+            "[profiles.baseline]\n[profiles.bad]\n"
+            "flags=['--speculative-algorithm','EAGLE3','--speculative-eagle-topk','1']\n",
+            "need --speculative-num-steps",
+        ),
+        ("[profiles.baseline]\nflags=['--port','1']\n", "set by [server]"),
+        ("[policy]\nno_such_knob = 1\n[profiles.baseline]\n", "no_such_knob"),
+    ],
+)
+def test_bad_config_names_the_key(tmp_path: Path, text: str, needle: str) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_settings(p)
+    assert needle in str(e.value)
+    assert str(p) in str(e.value)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_settings("/nonexistent/specpilot.toml")
+
+
+def test_exit_code_78_for_bad_config(tmp_path: Path) -> None:
+    from controller.daemon import run_daemon
+
+    p = tmp_path / "c.toml"
+    p.write_text("[controller]\nmode = 'sometimes'\n[profiles.baseline]\n")
+    assert run_daemon(p) == EXIT_CONFIG == 78
+
+
+@pytest.mark.parametrize(
+    ("flags", "steps", "topk", "tokens"),
+    [
+        (["--speculative-algorithm", "EAGLE3"], 3, 1, 4),  # SGLang's defaults when steps unset
+        (
+            [
+                "--speculative-algorithm",
+                "EAGLE3",
+                "--speculative-num-steps",
+                "2",
+                "--speculative-eagle-topk",
+                "1",
+                "--speculative-num-draft-tokens",
+                "9",
+            ],
+            2,
+            1,
+            3,
+        ),
+        (["--speculative-algorithm=NEXTN", "--speculative-num-steps=4"], 4, 1, 5),
+        (
+            [
+                "--speculative-algorithm",
+                "EAGLE",
+                "--speculative-num-steps",
+                "5",
+                "--speculative-eagle-topk",
+                "4",
+                "--speculative-num-draft-tokens",
+                "8",
+            ],
+            5,
+            4,
+            8,
+        ),
+    ],
+)
+def test_sglang_flag_rules(flags: list[str], steps: int, topk: int, tokens: int) -> None:
+    spec = profile_spec("p", ProfileSettings(flags=flags))
+    assert (spec.num_steps, spec.topk, spec.draft_tokens) == (steps, topk, tokens)
+
+
+def test_time_scale_must_match_sim_speed() -> None:
+    raw = _base()
+    raw["server"]["common_flags"] = ["--sim-speed", "20"]
+    with pytest.raises(ConfigError, match="time_scale"):
+        settings_from_dict(raw)
+    raw["controller"] = {"time_scale": 20}
+    assert settings_from_dict(raw).controller.time_scale == 20
+
+
+def test_launch_env_drops_notify_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = _base()
+    raw["profiles"]["baseline"]["env"] = {"NCCL_PROTO": "LL"}
+    s = settings_from_dict(raw)
+    env = s.launch_env("baseline", base={"NOTIFY_SOCKET": "/run/x", "PATH": "/bin"})
+    assert "NOTIFY_SOCKET" not in env and env["NCCL_PROTO"] == "LL" and env["PATH"] == "/bin"
+
+
+def test_api_token_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = _base()
+    tok = tmp_path / "tok"
+    tok.write_text("s3cret\n")
+    raw["api"] = {"token_file": str(tok)}
+    monkeypatch.delenv("SPECPILOT_API_TOKEN", raising=False)
+    assert settings_from_dict(raw).api_token() == "s3cret"
+    monkeypatch.setenv("SPECPILOT_API_TOKEN", "fromenv")
+    assert settings_from_dict(raw).api_token() == "fromenv"
