@@ -205,19 +205,20 @@ class _Folded:
 
 
 def _fold(families: Iterable[Any], workload_label: str) -> _Folded:
-    # role -> dp_rank -> (pp, tp) -> values
+    nan = float("nan")
+    # role -> dp_rank -> (pp, tp) -> values; a non-finite sample is kept as NaN so that the
+    # rank it belongs to turns its sum into "missing" instead of silently shrinking it.
     sched: dict[str, dict[str, dict[tuple[Any, Any], list[float]]]] = {}
     tok: dict[str, dict[str, float]] = {role: {} for role in _TOKENIZER_COUNTERS.values()}
     for fam in families:
         for s in fam.samples:
             name, labels, value = s.name, s.labels, s.value
-            if not isinstance(value, float | int) or not math.isfinite(value):
-                continue
+            finite = isinstance(value, float | int) and math.isfinite(value)
             tok_role = _TOKENIZER_COUNTERS.get(name)
             if tok_role is not None:
                 w = labels.get(workload_label) or UNLABELLED
                 bucket = tok[tok_role]
-                bucket[w] = bucket.get(w, 0.0) + float(value)
+                bucket[w] = bucket.get(w, 0.0) + (float(value) if finite else nan)
                 continue
             if labels.get(sg.LABEL_PRIORITY, "") != "":
                 continue
@@ -231,7 +232,9 @@ def _fold(families: Iterable[Any], workload_label: str) -> _Folded:
                     continue
             dp = labels.get(sg.LABEL_DP_RANK) or "0"
             rank = (_rank(labels, sg.LABEL_PP_RANK), _rank(labels, sg.LABEL_TP_RANK))
-            sched.setdefault(role, {}).setdefault(dp, {}).setdefault(rank, []).append(float(value))
+            sched.setdefault(role, {}).setdefault(dp, {}).setdefault(rank, []).append(
+                float(value) if finite else nan
+            )
 
     def per_dp(role: str, combine: str) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -246,26 +249,41 @@ def _fold(families: Iterable[Any], workload_label: str) -> _Folded:
     gauges: dict[str, float | None] = {}
     for role in _SCHED_GAUGES.values():
         vals = per_dp(role, "mean")
-        if not vals:
-            gauges[role] = None
-        elif role in _SUMMED_GAUGES:
-            gauges[role] = sum(vals.values())
+        if role in _SUMMED_GAUGES:
+            gauges[role] = _sum_or_none(vals.values())
         else:
             gauges[role] = _running_weighted_mean(vals, running)
-    counters: dict[str, float | None] = {}
-    for role, _modes in _SCHED_COUNTERS.values():
-        vals = per_dp(role, "sum")
-        counters[role] = sum(vals.values()) if vals else None
-    return _Folded(gauges=gauges, counters=counters, tokenizer=tok)
+    counters = {
+        role: _sum_or_none(per_dp(role, "sum").values()) for role, _ in _SCHED_COUNTERS.values()
+    }
+    # A workload whose counter had a non-finite sample is missing, not smaller.
+    tokenizer = {
+        role: {w: v for w, v in by_w.items() if math.isfinite(v)} for role, by_w in tok.items()
+    }
+    return _Folded(gauges=gauges, counters=counters, tokenizer=tokenizer)
 
 
-def _running_weighted_mean(vals: Mapping[str, float], running: Mapping[str, float]) -> float:
-    weights = {dp: running.get(dp) for dp in vals}
-    if all(w is not None and w >= 0 for w in weights.values()):
+def _sum_or_none(vals: Iterable[float]) -> float | None:
+    """Sum over DP ranks; None when no rank reported or one rank's value is not finite (a sum
+    missing a rank would look like a drop in traffic)."""
+    vs = list(vals)
+    if not vs or not all(math.isfinite(v) for v in vs):
+        return None
+    return sum(vs)
+
+
+def _running_weighted_mean(vals: Mapping[str, float], running: Mapping[str, float]) -> float | None:
+    """Mean over DP ranks of a per-request gauge, weighted by each rank's running requests; ranks
+    with a non-finite value are left out; plain mean when the weights are unusable."""
+    good = {dp: v for dp, v in vals.items() if math.isfinite(v)}
+    if not good:
+        return None
+    weights = {dp: running.get(dp) for dp in good}
+    if all(w is not None and math.isfinite(w) and w >= 0 for w in weights.values()):
         total = sum(w for w in weights.values() if w is not None)
         if total > 0:
-            return sum(vals[dp] * (weights[dp] or 0.0) for dp in vals) / total
-    return sum(vals.values()) / len(vals)
+            return sum(good[dp] * (weights[dp] or 0.0) for dp in good) / total
+    return sum(good.values()) / len(good)
 
 
 def parse_exposition(
