@@ -1,0 +1,728 @@
+"""The SQLite store: one writer (`Store`), readers on their own connections (`Reader`).
+
+Owns opening the database (WAL, incremental auto-vacuum, migrations applied at open), the typed
+write functions (one transaction each, or one per tick through `Store.batch()`), the read
+functions and retention. Every value is sanitised before it is bound: non-finite numbers become
+NULL, enums their value, JSON columns are strict JSON; a write that cannot be made raises
+StoreError and leaves nothing behind (the transaction rolls back). It must not do HTTP and must
+not make policy decisions (it stores what the policy decided).
+
+Durability: WAL with synchronous=NORMAL. Every committed write survives a crash or restart of
+the process; a power loss may drop the last transactions (not corrupt the file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from sqlite_utils import Database
+
+from policies.types import (
+    Decision,
+    Estimate,
+    Mode,
+    Observation,
+    Overrides,
+    ProfilePrediction,
+)
+from store import schema
+from store.retention import RetentionPolicy, apply_retention
+from store.schema import OverrideKind, SwitchOutcome, TrialState
+
+__all__ = ["ALL_WORKLOADS", "Reader", "Store", "StoreError"]
+
+# Workload key of estimates for the traffic mix as served (not one workload).
+ALL_WORKLOADS = "*"
+_MAX_TEXT = 16_384  # bound free text (error messages, reasons) so one bad row cannot bloat
+_BUSY_TIMEOUT_S = 5.0
+_EXPORTABLE = (
+    "observations",
+    "observations_hourly",
+    "estimates",
+    "decisions",
+    "switches",
+    "trials",
+    "overrides",
+    "findings",
+)
+_STATE_OVERRIDES = "overrides"
+
+
+class StoreError(Exception):
+    """A store operation failed (bad input, unknown id, I/O error, newer schema); nothing was
+    written."""
+
+
+# ---------------------------------------------------------------------------- sanitising
+
+
+def _num(x: Any) -> float | None:
+    """A finite float, or None (missing and non-finite are both stored as NULL)."""
+    if x is None or isinstance(x, str):
+        return None
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _time(x: Any, what: str) -> float:
+    f = _num(x)
+    if f is None:
+        raise StoreError(f"{what} must be a finite number of seconds, got {x!r}")
+    return f
+
+
+def _text(x: Any) -> str | None:
+    if x is None:
+        return None
+    s = x.value if isinstance(x, Enum) else x
+    s = s if isinstance(s, str) else str(s)
+    return s[:_MAX_TEXT]
+
+
+def _required_text(x: Any, what: str) -> str:
+    s = _text(x)
+    if s is None or s == "":
+        raise StoreError(f"{what} is required, got {x!r}")
+    return s
+
+
+def _choice(x: Any, enum: type[Enum], what: str) -> str:
+    try:
+        return str(enum(x.value if isinstance(x, Enum) else x).value)
+    except ValueError:
+        allowed = "|".join(str(e.value) for e in enum)
+        raise StoreError(f"{what} must be one of {allowed}, got {x!r}") from None
+
+
+def _jsonable(x: Any, depth: int = 0) -> Any:
+    """Plain JSON values only: non-finite -> None, enums -> value, tuples -> lists, dataclasses
+    -> dicts, anything else -> str (never raises)."""
+    if depth > 32:
+        return str(x)[:_MAX_TEXT]
+    if x is None or isinstance(x, bool | int | str):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, Enum):
+        return _jsonable(x.value, depth + 1)
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v, depth + 1) for k, v in x.items()}
+    if isinstance(x, list | tuple | set | frozenset):
+        return [_jsonable(v, depth + 1) for v in x]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return _jsonable(dataclasses.asdict(x), depth + 1)
+    f = _num(x)  # numpy scalars and the like
+    if f is not None or _is_nan_like(x):
+        return f
+    return str(x)[:_MAX_TEXT]
+
+
+def _is_nan_like(x: Any) -> bool:
+    try:
+        return math.isnan(float(x))
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _json(x: Any) -> str | None:
+    if x is None:
+        return None
+    return json.dumps(_jsonable(x), allow_nan=False, separators=(",", ":"))
+
+
+def _row(d: Mapping[str, Any]) -> dict[str, Any]:
+    """Decode a row: `x_json` columns become `x` (parsed), `acted`/`counter_reset` booleans."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if k.endswith("_json"):
+            out[k[:-5]] = json.loads(v) if v is not None else None
+        elif k in ("acted", "counter_reset"):
+            out[k] = bool(v) if v is not None else None
+        else:
+            out[k] = v
+    return out
+
+
+# ---------------------------------------------------------------------------- reads
+
+
+class _Reads:
+    """Read functions shared by the writer and the readers. Lists are newest first except
+    time series (observations, observations_hourly, export_rows), which run oldest first."""
+
+    db: Database
+
+    def _rows(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[dict]:
+        try:
+            cur = self.db.execute(sql, params)
+            cols = [c[0] for c in cur.description]
+            return [_row(dict(zip(cols, r, strict=True))) for r in cur.fetchall()]
+        except sqlite3.Error as exc:
+            raise StoreError(f"read failed: {exc}") from exc
+
+    @staticmethod
+    def _since(col: str, since_s: float | None, until_s: float | None = None) -> tuple[str, list]:
+        where, params = [], []
+        if since_s is not None:
+            where.append(f"{col} >= ?")
+            params.append(float(since_s))
+        if until_s is not None:
+            where.append(f"{col} < ?")
+            params.append(float(until_s))
+        return (" WHERE " + " AND ".join(where) if where else ""), params
+
+    def recent_decisions(self, limit: int = 100, since_s: float | None = None) -> list[dict]:
+        where, params = self._since("t_s", since_s)
+        return self._rows(
+            f"SELECT * FROM decisions{where} ORDER BY t_s DESC, id DESC LIMIT ?",
+            [*params, int(limit)],
+        )
+
+    def switches(self, limit: int = 100, since_s: float | None = None) -> list[dict]:
+        where, params = self._since("started_s", since_s)
+        return self._rows(
+            f"SELECT * FROM switches{where} ORDER BY started_s DESC, id DESC LIMIT ?",
+            [*params, int(limit)],
+        )
+
+    def open_switch(self) -> dict | None:
+        """The switch still in flight (no outcome), if any: after a restart the controller
+        must settle it (usually as `unknown`)."""
+        rows = self._rows("SELECT * FROM switches WHERE outcome IS NULL ORDER BY id DESC LIMIT 1")
+        return rows[0] if rows else None
+
+    def trials(self, switch_id: int | None = None, limit: int = 100) -> list[dict]:
+        if switch_id is None:
+            return self._rows(
+                "SELECT * FROM trials ORDER BY t_s DESC, id DESC LIMIT ?", [int(limit)]
+            )
+        return self._rows(
+            "SELECT * FROM trials WHERE switch_id = ? ORDER BY t_s DESC, id DESC LIMIT ?",
+            [int(switch_id), int(limit)],
+        )
+
+    def overrides_history(self, limit: int = 100, since_s: float | None = None) -> list[dict]:
+        where, params = self._since("created_s", since_s)
+        return self._rows(
+            f"SELECT * FROM overrides{where} ORDER BY created_s DESC, id DESC LIMIT ?",
+            [*params, int(limit)],
+        )
+
+    def findings(
+        self, limit: int = 100, since_s: float | None = None, kind: str | None = None
+    ) -> list[dict]:
+        where, params = self._since("t_s", since_s)
+        if kind is not None:
+            where += (" AND" if where else " WHERE") + " kind = ?"
+            params.append(kind)
+        return self._rows(
+            f"SELECT * FROM findings{where} ORDER BY t_s DESC, id DESC LIMIT ?",
+            [*params, int(limit)],
+        )
+
+    def estimates(
+        self,
+        since_s: float | None = None,
+        profile: str | None = None,
+        workload: str | None = None,
+        limit: int = 1000,
+    ) -> list[dict]:
+        where, params = self._since("t_s", since_s)
+        for col, val in (("profile", profile), ("workload", workload)):
+            if val is not None:
+                where += (" AND" if where else " WHERE") + f" {col} = ?"
+                params.append(val)
+        return self._rows(
+            f"SELECT * FROM estimates{where} ORDER BY t_s DESC, id DESC LIMIT ?",
+            [*params, int(limit)],
+        )
+
+    def latest_estimates(self) -> list[dict]:
+        """The newest estimate row of each (profile, workload)."""
+        return self._rows(
+            "SELECT e.* FROM estimates e JOIN (SELECT profile, workload, MAX(id) AS id "
+            "FROM estimates GROUP BY profile, workload) m ON e.id = m.id "
+            "ORDER BY e.profile, e.workload"
+        )
+
+    def observations(
+        self,
+        since_s: float | None = None,
+        until_s: float | None = None,
+        profile: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict]:
+        where, params = self._since("t_s", since_s, until_s)
+        if profile is not None:
+            where += (" AND" if where else " WHERE") + " profile = ?"
+            params.append(profile)
+        lim = " LIMIT ?" if limit is not None else ""
+        if limit is not None:
+            params.append(int(limit))
+        return self._rows(f"SELECT * FROM observations{where} ORDER BY t_s, id{lim}", params)
+
+    def observations_hourly(
+        self, since_s: float | None = None, until_s: float | None = None
+    ) -> list[dict]:
+        """Hourly aggregates with their means: output_tok_s (window-weighted), running, queue,
+        accept_length, accept_rate (window-weighted gauges) and the tokenizer accept length
+        generation_tokens / verify_calls; None where nothing was known."""
+        where, params = self._since("hour_s", since_s, until_s)
+        rows = self._rows(f"SELECT * FROM observations_hourly{where} ORDER BY hour_s", params)
+        for r in rows:
+            r["output_tok_s"] = _ratio(r["output_tokens"], r["output_window_s"])
+            for g in ("running", "queue", "accept_length", "accept_rate"):
+                r[g] = _ratio(r[f"{g}_ws"], r[f"{g}_w"])
+            r["tokenizer_accept_length"] = _ratio(r["generation_tokens"], r["verify_calls"])
+        return rows
+
+    def load_state(self, key: str) -> dict | None:
+        rows = self._rows("SELECT value_json FROM state WHERE key = ?", [key])
+        return rows[0]["value"] if rows else None
+
+    def load_overrides(self) -> Overrides | None:
+        """The operator overrides last saved with Store.save_overrides (warm start)."""
+        d = self.load_state(_STATE_OVERRIDES)
+        if d is None:
+            return None
+        try:
+            return Overrides(
+                pin_profile=d.get("pin_profile"),
+                pin_until_s=d.get("pin_until_s"),
+                paused_until_s=d.get("paused_until_s"),
+                mode=Mode(d.get("mode", Mode.ACTIVE.value)),
+                blocked_reason=d.get("blocked_reason"),
+            )
+        except (ValueError, AttributeError) as exc:
+            raise StoreError(f"saved overrides are unreadable: {exc}") from exc
+
+    def export_rows(
+        self, table: str, since_s: float | None = None, until_s: float | None = None
+    ) -> Iterator[dict]:
+        """All rows of one history table in time order (for CLI export), streamed."""
+        if table not in _EXPORTABLE:
+            raise StoreError(f"unknown table {table!r}; one of {', '.join(_EXPORTABLE)}")
+        col = {
+            "observations_hourly": "hour_s",
+            "switches": "started_s",
+            "overrides": "created_s",
+        }.get(table, "t_s")
+        where, params = self._since(col, since_s, until_s)
+        try:
+            cur = self.db.execute(f"SELECT * FROM {table}{where} ORDER BY {col}", params)
+            cols = [c[0] for c in cur.description]
+            for r in cur:
+                yield _row(dict(zip(cols, r, strict=True)))
+        except sqlite3.Error as exc:
+            raise StoreError(f"export of {table} failed: {exc}") from exc
+
+    def counts(self) -> dict[str, int]:
+        """Row count of every table (for status output and tests)."""
+        return {t: self.db[t].count for t in (*_EXPORTABLE, "state")}
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+# ---------------------------------------------------------------------------- connections
+
+
+def _connect(path: str | Path, *, readonly: bool) -> sqlite3.Connection:
+    p = Path(path)
+    try:
+        if readonly:
+            if not p.exists():
+                raise StoreError(f"database {p} does not exist")
+            conn = sqlite3.connect(
+                f"{p.resolve().as_uri()}?mode=ro",
+                uri=True,
+                timeout=_BUSY_TIMEOUT_S,
+                check_same_thread=False,
+            )
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            # check_same_thread off: the daemon may hand writes to a worker thread; Store
+            # serialises them with its own lock.
+            conn = sqlite3.connect(str(p), timeout=_BUSY_TIMEOUT_S, check_same_thread=False)
+        conn.execute("PRAGMA schema_version").fetchone()  # fails now on a non-database file
+        return conn
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open database {p}: {exc}") from exc
+
+
+class Reader(_Reads):
+    """A read-only connection of its own (API handlers, CLI), never blocking the writer."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.db = Database(_connect(self.path, readonly=True))
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Store(_Reads):
+    """The single writer. Open once per daemon; every write is one transaction (or part of the
+    caller's `batch()`), so a restart never loses a committed row."""
+
+    def __init__(self, path: str | Path, *, retention: RetentionPolicy | None = None) -> None:
+        self.path = Path(path)
+        self.retention = retention or RetentionPolicy()
+        self._lock = threading.RLock()
+        conn = _connect(self.path, readonly=False)
+        self.db = Database(conn)
+        try:
+            if not self.db.table_names():
+                # Must precede the first table: lets retention hand freed pages back to the OS.
+                self.db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            self.db.enable_wal()
+            self.db.execute("PRAGMA synchronous = NORMAL")
+            self.db.execute("PRAGMA foreign_keys = ON")
+            applied = {m.name for m in schema.migrations.applied(self.db)}
+            unknown = applied - schema.known_migrations()
+            if unknown:
+                raise StoreError(
+                    f"database {self.path} was written by a newer specpilot "
+                    f"(unknown migrations: {', '.join(sorted(unknown))})"
+                )
+            schema.migrations.apply(self.db)
+        except sqlite3.Error as exc:
+            self.db.close()
+            raise StoreError(f"cannot prepare database {self.path}: {exc}") from exc
+        except StoreError:
+            self.db.close()
+            raise
+
+    # -- lifecycle
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def reader(self) -> Reader:
+        return Reader(self.path)
+
+    @contextmanager
+    def batch(self) -> Iterator[Store]:
+        """One transaction around several writes (a tick): all or nothing."""
+        with self._lock:
+            try:
+                with self.db.atomic():
+                    yield self
+            except sqlite3.Error as exc:
+                raise StoreError(f"write failed: {exc}") from exc
+
+    @contextmanager
+    def _tx(self) -> Iterator[None]:
+        with self._lock:
+            try:
+                with self.db.atomic():
+                    yield
+            except sqlite3.Error as exc:
+                raise StoreError(f"write failed: {exc}") from exc
+
+    def _insert(self, table: str, row: dict[str, Any]) -> int:
+        with self._tx():
+            cur = self.db.execute(
+                f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                list(row.values()),
+            )
+            rowid = cur.lastrowid
+        if rowid is None:
+            raise StoreError(f"insert into {table} returned no row id")
+        return int(rowid)
+
+    # -- observations
+
+    @staticmethod
+    def _observation_row(obs: Observation) -> dict[str, Any]:
+        try:
+            output = obs.output_tok_s
+        except (TypeError, ZeroDivisionError):
+            output = None
+        return {
+            "t_s": _time(obs.t_s, "observation t_s"),
+            "profile": _required_text(obs.profile, "observation profile"),
+            "window_s": _time(obs.window_s, "observation window_s"),
+            "output_tok_s": _num(output),
+            "running": _num(obs.running_reqs),
+            "queue": _num(obs.queue_reqs),
+            "gen_throughput_tok_s": _num(obs.gen_throughput_tok_s),
+            "accept_length": _num(obs.spec_accept_length),
+            "accept_rate": _num(obs.spec_accept_rate),
+            "num_steps": _num(obs.spec_num_steps),
+            "generation_tokens": _num(obs.generation_tokens),
+            "verify_calls": _num(obs.verify_calls),
+            "decode_tokens": _num(obs.decode_tokens),
+            "decode_passes": _num(obs.decode_passes),
+            "counter_reset": 1 if obs.counter_reset else 0,
+            "moments_json": _json(obs.moments),
+            "workloads_json": _json(list(obs.workloads)) if obs.workloads else None,
+            "accepted_drafts_hist_json": _json(obs.accepted_drafts_hist),
+        }
+
+    def record_observation(self, obs: Observation) -> int:
+        return self._insert("observations", self._observation_row(obs))
+
+    def record_observations(self, observations: Sequence[Observation]) -> int:
+        """Many observations in one transaction (replays, imports); returns the count."""
+        rows = [self._observation_row(o) for o in observations]
+        if not rows:
+            return 0
+        with self._tx():
+            self.db["observations"].insert_all(rows, batch_size=500)
+        return len(rows)
+
+    # -- estimates and decisions
+
+    def record_estimates(
+        self, t_s: float, preds: Sequence[ProfilePrediction], workload: str = ALL_WORKLOADS
+    ) -> int:
+        """One row per prediction (the per-profile estimates behind a decision); returns the
+        number of rows written."""
+        t = _time(t_s, "estimate t_s")
+        w = _required_text(workload, "workload")
+        rows = []
+        for p in preds:
+            row: dict[str, Any] = {
+                "t_s": t,
+                "profile": _required_text(p.profile, "prediction profile"),
+                "workload": w,
+                "breakeven_accept_length": _num(p.breakeven_accept_length),
+                "observed_tok_s": _num(p.observed_tok_s),
+                "source": _text(p.source),
+            }
+            for name, est in (
+                ("tok_s", p.tok_s),
+                ("accept_length", p.accept_length),
+                ("cycle_s", p.cycle_s),
+            ):
+                e: Estimate | None = est
+                row[f"{name}_mean"] = _num(e.mean) if e is not None else None
+                row[f"{name}_low"] = _num(e.low) if e is not None else None
+                row[f"{name}_high"] = _num(e.high) if e is not None else None
+                row[f"{name}_n"] = _num(e.n) if e is not None else None
+            rows.append(row)
+        if rows:
+            with self._tx():
+                self.db["estimates"].insert_all(rows, batch_size=500)
+        return len(rows)
+
+    def record_decision(self, d: Decision, mode: Mode | str, acted: bool) -> int:
+        return self._insert(
+            "decisions",
+            {
+                "t_s": _time(d.t_s, "decision t_s"),
+                "action": _required_text(d.action, "decision action"),
+                "profile": _required_text(d.profile, "decision profile"),
+                "reason": _required_text(d.reason, "decision reason"),
+                "diagnostics_json": _json(dict(d.diagnostics)),
+                "mode": _choice(mode, Mode, "mode"),
+                "acted": 1 if acted else 0,
+            },
+        )
+
+    # -- switches and trials
+
+    def start_switch(
+        self,
+        from_profile: str | None,
+        to_profile: str,
+        reason: str,
+        started_s: float,
+        decision_id: int | None = None,
+    ) -> int:
+        """Record the start of a restart into `to_profile`; refuses while another is open (one
+        switch in flight)."""
+        row = {
+            "from_profile": _text(from_profile),
+            "to_profile": _required_text(to_profile, "to_profile"),
+            "reason": _required_text(reason, "switch reason"),
+            "decision_id": int(decision_id) if decision_id is not None else None,
+            "started_s": _time(started_s, "started_s"),
+        }
+        with self._tx():
+            open_ = self.open_switch()
+            if open_ is not None:
+                raise StoreError(
+                    f"switch {open_['id']} ({open_['from_profile']} -> {open_['to_profile']}) "
+                    "is still open; finish it first"
+                )
+            return self._insert("switches", row)
+
+    def finish_switch(
+        self,
+        switch_id: int,
+        *,
+        ended_s: float,
+        outcome: SwitchOutcome | str,
+        downtime_s: float | None = None,
+        error: str | None = None,
+    ) -> None:
+        values = {
+            "ended_s": _time(ended_s, "ended_s"),
+            "outcome": _choice(outcome, SwitchOutcome, "outcome"),
+            "downtime_s": _num(downtime_s),
+            "error": _text(error),
+        }
+        with self._tx():
+            rows = self._rows("SELECT outcome FROM switches WHERE id = ?", [int(switch_id)])
+            if not rows:
+                raise StoreError(f"no switch with id {switch_id}")
+            if rows[0]["outcome"] is not None:
+                raise StoreError(f"switch {switch_id} already finished ({rows[0]['outcome']})")
+            self.db["switches"].update(int(switch_id), values)
+
+    def record_trial(
+        self,
+        switch_id: int,
+        state: TrialState | str,
+        t_s: float,
+        *,
+        predicted_tok_s: float | None = None,
+        observed_tok_s: float | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Append the state a switch's trial entered (pending, running, successful, ...)."""
+        row = {
+            "switch_id": int(switch_id),
+            "t_s": _time(t_s, "trial t_s"),
+            "state": _choice(state, TrialState, "trial state"),
+            "predicted_tok_s": _num(predicted_tok_s),
+            "observed_tok_s": _num(observed_tok_s),
+            "detail_json": _json(detail),
+        }
+        with self._tx():
+            if not self._rows("SELECT id FROM switches WHERE id = ?", [row["switch_id"]]):
+                raise StoreError(f"no switch with id {switch_id}")
+            return self._insert("trials", row)
+
+    # -- overrides, findings, state
+
+    def record_override(
+        self,
+        kind: OverrideKind | str,
+        created_s: float,
+        actor: str,
+        *,
+        profile: str | None = None,
+        mode: Mode | str | None = None,
+        ttl_s: float | None = None,
+        until_s: float | None = None,
+        reason: str | None = None,
+    ) -> int:
+        """Audit one operator action. `until_s` defaults to created_s + ttl_s."""
+        created = _time(created_s, "created_s")
+        ttl = _num(ttl_s)
+        if ttl is not None and ttl <= 0:
+            raise StoreError(f"ttl_s must be > 0, got {ttl_s!r}")
+        until = _num(until_s)
+        if until is None and ttl is not None:
+            until = created + ttl
+        return self._insert(
+            "overrides",
+            {
+                "created_s": created,
+                "kind": _choice(kind, OverrideKind, "override kind"),
+                "profile": _text(profile),
+                "mode": _choice(mode, Mode, "mode") if mode is not None else None,
+                "ttl_s": ttl,
+                "until_s": until,
+                "reason": _text(reason),
+                "actor": _required_text(actor, "actor"),
+            },
+        )
+
+    def record_finding(
+        self,
+        kind: str,
+        t_s: float,
+        message: str,
+        *,
+        subject: str | None = None,
+        numbers: Mapping[str, Any] | None = None,
+    ) -> int:
+        return self._insert(
+            "findings",
+            {
+                "t_s": _time(t_s, "finding t_s"),
+                "kind": _required_text(kind, "finding kind"),
+                "subject": _text(subject),
+                "numbers_json": _json(numbers),
+                "message": _required_text(message, "finding message"),
+            },
+        )
+
+    def save_state(self, key: str, value: Mapping[str, Any], t_s: float | None = None) -> None:
+        """Replace the JSON value under `key` (policy state for warm start, overrides, ...)."""
+        if not isinstance(value, Mapping):
+            raise StoreError(f"state value must be a mapping, got {type(value).__name__}")
+        row = {
+            "key": _required_text(key, "state key"),
+            "value_json": _json(value),
+            "updated_s": _num(t_s),
+        }
+        with self._tx():
+            self.db["state"].upsert(row, pk="key")
+
+    def save_overrides(self, o: Overrides, t_s: float | None = None) -> None:
+        self.save_state(
+            _STATE_OVERRIDES,
+            {
+                "pin_profile": o.pin_profile,
+                "pin_until_s": o.pin_until_s,
+                "paused_until_s": o.paused_until_s,
+                "mode": o.mode.value,
+                "blocked_reason": o.blocked_reason,
+            },
+            t_s,
+        )
+
+    def delete_state(self, key: str) -> None:
+        with self._tx():
+            self.db.execute("DELETE FROM state WHERE key = ?", [key])
+
+    # -- retention
+
+    def apply_retention(self, now_s: float) -> dict[str, int]:
+        """Downsample raw observations older than retention.raw_s into observations_hourly and
+        delete old bulk rows (one transaction), then return freed pages to the file system and
+        truncate the WAL. Returns row counts per action."""
+        now = _time(now_s, "now_s")
+        with self._tx():
+            out = apply_retention(self.db, self.retention, now)
+        with self._lock:
+            try:
+                self.db.execute("PRAGMA incremental_vacuum").fetchall()  # runs as it is stepped
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:  # a reader holding the WAL only delays the truncate
+                out["checkpoint_error"] = 1
+                _ = exc
+        return out
