@@ -458,9 +458,17 @@ async def scrape(
 
     Raises ObserveError when /metrics cannot be fetched or parsed; /v1/loads is optional.
     """
+    # Both requests finish (or fail) before we return: no request outlives the tick.
     text, loads = await asyncio.gather(
-        _get_metrics_text(client, base_url), _get_loads(client, base_url)
+        _get_metrics_text(client, base_url), _get_loads(client, base_url), return_exceptions=True
     )
+    if isinstance(text, BaseException):
+        if isinstance(text, ObserveError):
+            raise text
+        raise ObserveError(f"GET /metrics failed: {type(text).__name__}: {text!s}") from text
+    if isinstance(loads, BaseException):
+        log.debug("/v1/loads unusable (%s); moments missing", loads)
+        loads = None
     snap = parse_exposition(text, profile=profile, t_s=t_s, workload_label=workload_label)
     return merge_loads(snap, loads)
 
