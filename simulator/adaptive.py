@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from simulator.model import DEFAULT_ADAPTIVE_CONFIG
 
 _SLOT_KEYS = {
@@ -145,6 +147,34 @@ class AdaptiveSlot:
         if (self.batch_count - self.cfg.warmup_batches) % self.cfg.update_interval != 0:
             return False
         return self._recompute()
+
+    def batches_to_next_decision(self) -> int:
+        """Verify batches until the next tier recomputation (the batch that triggers it
+        included)."""
+        bc, warm, every = self.batch_count, self.cfg.warmup_batches, self.cfg.update_interval
+        if bc < warm:
+            return warm + every - bc
+        return every - (bc - warm) % every
+
+    def advance(self, batch_means: Any) -> bool:
+        """Apply several verify batches at once, given each batch's mean accepted drafts;
+        identical to calling `update` once per batch (EMA in closed form between decisions).
+        True if the tier changed."""
+        means = np.asarray(batch_means, dtype=float)
+        changed = False
+        a = self.cfg.ema_alpha
+        while means.size:
+            k = min(self.batches_to_next_decision(), means.size)
+            seg, means = means[:k], means[k:]
+            if self.current_steps > 0:
+                w = a * (1.0 - a) ** np.arange(k - 1, -1, -1)
+                self.ema_accept_len = (1.0 - a) ** k * self.ema_accept_len + float(np.dot(w, seg))
+            self.batch_count += k
+            if self.batches_to_next_decision() == self.cfg.update_interval and (
+                self.batch_count > self.cfg.warmup_batches
+            ):
+                changed |= self._recompute()
+        return changed
 
     def _recompute(self) -> bool:
         cands = self.cfg.candidate_steps

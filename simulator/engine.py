@@ -16,9 +16,11 @@ that are discarded, as SGLang truncates at the stop condition.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 
 import numpy as np
 
@@ -29,6 +31,7 @@ from simulator.model import (
     SimProfile,
     SpecConfig,
     Workload,
+    accepted_drafts_pmf,
     draw_accepted_drafts,
 )
 
@@ -329,3 +332,443 @@ class StepEngine:
         self._verify = self._verify[idx]
         self._proposed = self._proposed[idx]
         self._hist = self._hist[idx]
+
+
+@dataclass
+class ClosedLoopTotals:
+    """What a closed-loop run of a StepEngine produced (decode-only figures for tok/s)."""
+
+    duration_s: float
+    output_tokens: int  # every emitted token, first tokens included
+    decode_tokens: int  # tokens emitted by decode/verify cycles
+    decode_s: float  # time spent in decode/verify cycles
+    cycles: int
+    generation_tokens: dict[str, int]  # per workload, finished requests
+    verify_calls: dict[str, int]
+    requests: dict[str, int]
+    accepted_drafts_hist: list[int]  # over every verify of every request
+    tiers_used: dict[int, int]
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def cycle_s(self) -> float:
+        return self.decode_s / self.cycles if self.cycles else 0.0
+
+    @property
+    def accept_length(self) -> float:
+        """Accepted drafts + bonus per request per verify (SGLang's spec_accept_length)."""
+        n = sum(self.accepted_drafts_hist)
+        if n == 0:
+            return 1.0
+        return sum((k + 1) * c for k, c in enumerate(self.accepted_drafts_hist)) / n
+
+
+def drive_closed_loop(
+    engine: StepEngine,
+    duration_s: float,
+    concurrency: int,
+    mix: Mapping[str, float],
+    *,
+    seed: int = 0,
+    rid_prefix: str = "r",
+) -> ClosedLoopTotals:
+    """Run `engine` for `duration_s` of engine time with `concurrency` clients that each keep
+    one request open (a new one as soon as theirs finishes), workloads drawn from `mix`."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    labels = [k for k, v in mix.items() if v > 0]
+    if not labels:
+        raise ValueError("mix must give a positive weight to at least one workload")
+    probs = np.array([mix[k] for k in labels], dtype=float)
+    probs /= probs.sum()
+    rng = np.random.default_rng(seed)
+    counter = 0
+
+    def submit() -> None:
+        nonlocal counter
+        label = labels[int(rng.choice(len(labels), p=probs))]
+        w = _resolve_workload(engine.workloads, label)
+        engine.add_request(f"{rid_prefix}{counter}", label, round(w.prompt_tokens))
+        counter += 1
+
+    for _ in range(concurrency):
+        submit()
+    end = engine.now_s + duration_s
+    start = engine.now_s
+    out_tok = dec_tok = cycles = 0
+    dec_s = 0.0
+    gen: dict[str, int] = {}
+    ver: dict[str, int] = {}
+    req: dict[str, int] = {}
+    hist = np.zeros((max(engine.spec.tiers) if engine.spec.speculative else 0) + 1, dtype=np.int64)
+    tiers: dict[int, int] = {}
+    while engine.now_s < end:
+        r = engine.step()
+        if r is None:  # pragma: no cover - a closed loop never idles
+            break
+        toks = sum(r.new_tokens.values())
+        out_tok += toks
+        if r.kind == "decode":
+            dec_tok += toks
+            dec_s += r.duration_s
+            cycles += 1
+            tiers[r.steps] = tiers.get(r.steps, 0) + 1
+        for f in r.finished:
+            gen[f.workload] = gen.get(f.workload, 0) + f.completion_tokens
+            ver[f.workload] = ver.get(f.workload, 0) + f.verify_ct
+            req[f.workload] = req.get(f.workload, 0) + 1
+            if f.correct_drafts_histogram:
+                hist[: len(f.correct_drafts_histogram)] += f.correct_drafts_histogram
+            submit()
+    return ClosedLoopTotals(
+        duration_s=engine.now_s - start,
+        output_tokens=out_tok,
+        decode_tokens=dec_tok,
+        decode_s=dec_s,
+        cycles=cycles,
+        generation_tokens=gen,
+        verify_calls=ver,
+        requests=req,
+        accepted_drafts_hist=hist.tolist(),
+        tiers_used=tiers,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# WindowEngine
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class WindowResult:
+    duration_s: float
+    cycles: int  # decode/verify cycles in the window
+    output_tokens: float  # tokens emitted in the window (first tokens from prefill included)
+    generation_tokens: dict[str, float]  # per workload, completion tokens of finished requests
+    verify_calls: dict[str, float]  # per workload, verify steps of finished requests
+    requests: dict[str, float]  # per workload, finished requests
+    sum_bs: float  # decode_moments deltas over decode/verify cycles
+    sum_step_s: float
+    sum_bs2: float
+    sum_bs_step_s: float
+    accepted_drafts_hist: list[float]  # verify steps x requests that accepted exactly k drafts
+    mean_running: float
+    mean_queued: float
+    tiers_used: dict[int, int] = field(default_factory=dict)  # draft steps -> cycles
+    prefill_steps: float = 0.0
+
+
+@cache
+def _cycles_per_request(
+    step_pmf: tuple[float, ...], length_pmf_key: tuple[float, float, float, float]
+) -> tuple[float, float, float, float]:
+    """Renewal maths of one request under a per-cycle token pmf (step_pmf[l - 1] = P(l tokens)).
+
+    Returns (E[n], E[K], E[n * K], E[K^...]) where K(m) = decode cycles to emit m = n - 1
+    tokens (the first comes from prefill), computed exactly by K(m) = 1 + sum_l p_l K(m - l)."""
+    w = Workload("_", 0.0, length_pmf_key[0], 1.0, length_pmf_key[1], length_pmf_key[2])
+    pn = w.output_length_pmf()
+    top = len(pn) - 1
+    p = np.asarray(step_pmf)
+    lmax = len(p)
+    k = np.zeros(top + lmax)  # k[m + lmax - 1] = K(m); K(m <= 0) = 0
+    off = lmax - 1
+    rev = p[::-1]  # dot with k[m - lmax .. m - 1] gives sum_l p_l K(m - l)
+    for m in range(1, top):
+        k[m + off] = 1.0 + float(np.dot(rev, k[m - lmax + off : m + off]))
+    kn = np.zeros(top + 1)
+    kn[1:] = k[off : top + off]  # K(n - 1) for n = 1..top
+    n = np.arange(top + 1)
+    en = float(np.dot(pn, n))
+    ek = float(np.dot(pn, kn))
+    enk = float(np.dot(pn, n * kn))
+    return en, ek, enk, float(np.dot(pn, n * n))
+
+
+class WindowEngine:
+    """Draws one poll window's outcome from the StepEngine's model without stepping.
+
+    Closed loop: `concurrency` clients each keep one request open; min(concurrency,
+    max_running_requests) run (fewer if the KV pool is full), the rest queue. In steady state
+    every decode cycle serves the full running batch; each slot is a renewal process whose
+    requests pick a workload from `mix`. Per window: decode cycles = window / (cycle time +
+    prefill time per cycle), with the fractional cycle carried to the next window; finished
+    requests, tokens, verify steps and the accepted-drafts histogram are drawn around their
+    renewal-reward means (exact expected cycles per request from the chain pmf, truncation at
+    the output length included).
+
+    Adaptive speculation keeps SGLang's rule state (`AdaptiveRule`) across windows, as a server
+    does between restarts, and runs it batch by batch over the window's cycles: each batch's
+    mean accepted drafts is drawn (vectorised, per tier) and the EMA is advanced in closed form
+    between decision points, so tier dwell and flip-flop behave as in the StepEngine.
+    """
+
+    def __init__(
+        self,
+        profile: SimProfile,
+        spec: SpecConfig,
+        workloads: Mapping[str, Workload],
+        *,
+        seed: int = 0,
+        max_running_requests: int | None = None,
+    ) -> None:
+        self.profile = profile
+        self.spec = spec
+        self.workloads = dict(workloads)
+        self.max_running_requests = (
+            profile.max_running_requests(spec)
+            if max_running_requests is None
+            else int(max_running_requests)
+        )
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        self._rng = np.random.default_rng(seed)
+        self._carry = 0.0  # fraction of a cycle carried into the next window (static)
+        self._debt_s = 0.0  # time of this window already spent by the last cycle (adaptive)
+        self.adaptive: AdaptiveRule | None = None
+        if spec.adaptive:
+            self.adaptive = AdaptiveRule(
+                spec.num_steps,
+                spec.adaptive_config,
+                spec_cuda_graph_batch_sizes(self.max_running_requests),
+            )
+        self._last_tiers: dict[int, float] | None = None
+        self._means: dict[tuple[object, ...], tuple[np.ndarray, int]] = {}
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _step_pmf(self, alpha: float, tiers: Mapping[int, float]) -> tuple[float, ...]:
+        """P(l tokens per cycle), l = 1..gmax+1, for one request under a tier mix."""
+        gmax = max(tiers)
+        out = np.zeros(gmax + 1)
+        for g, pi in tiers.items():
+            if g == 0 or not self.spec.speculative:
+                out[0] += pi
+            else:
+                out[: g + 1] += pi * accepted_drafts_pmf(alpha, g)
+        return tuple(float(x) for x in out)
+
+    def _renewal(self, w: Workload, tiers: Mapping[int, float]) -> tuple[float, float, float]:
+        en, ek, enk, _ = _cycles_per_request(
+            self._step_pmf(w.alpha, tiers),
+            (w.output_tokens, w.output_sigma, w.max_output_factor, 0.0),
+        )
+        return en, ek, enk
+
+    def _batch_means(
+        self, g: int, k: int, n: int, alphas: np.ndarray, shares: np.ndarray
+    ) -> np.ndarray:
+        """k batch means of accepted drafts at tier g for n sequences (drawn in chunks)."""
+        key = (g, n, alphas.tobytes(), shares.tobytes())
+        buf, pos = self._means.get(key, (np.zeros(0), 0))
+        out = []
+        need = k
+        while need > 0:
+            if pos >= buf.size:
+                m = max(64, 8192 // n)
+                if len(alphas) == 1:
+                    a = np.full((m, n), alphas[0])
+                else:
+                    a = alphas[self._rng.choice(len(alphas), size=(m, n), p=shares)]
+                buf = draw_accepted_drafts(self._rng, a, g).mean(axis=1)
+                pos = 0
+            take = min(need, buf.size - pos)
+            out.append(buf[pos : pos + take])
+            pos += take
+            need -= take
+        if len(self._means) > 256:  # mixes change by phase: keep the cache small
+            self._means.clear()
+        self._means[key] = (buf, pos)
+        return np.concatenate(out)
+
+    def _run_adaptive(
+        self,
+        rule: AdaptiveRule,
+        n: int,
+        budget_s: float,
+        dt: Mapping[int, float],
+        alphas: np.ndarray,
+        shares: np.ndarray,
+    ) -> dict[int, int]:
+        """Run SGLang's rule over the window's cycles; returns cycles per tier."""
+        slot = rule.slots[rule.bucket(n)]
+        counts: dict[int, int] = {}
+        t = self._debt_s
+        while t < budget_s:
+            g = slot.current_steps
+            k = min(slot.batches_to_next_decision(), max(1, math.ceil((budget_s - t) / dt[g])))
+            means = self._batch_means(g, k, n, alphas, shares) if g > 0 else np.zeros(k)
+            slot.advance(means)
+            counts[g] = counts.get(g, 0) + k
+            t += k * dt[g]
+        self._debt_s = t - budget_s
+        return counts
+
+    # -- the window -------------------------------------------------------------------------
+
+    def run_window(
+        self,
+        duration_s: float,
+        concurrency: int,
+        mix: Mapping[str, float],
+        scale: CostScale = NO_SCALE,
+    ) -> WindowResult:
+        """One poll window of `duration_s` with `concurrency` closed-loop clients whose
+        requests pick workloads with weights `mix` (labels unknown to the engine use the
+        "default" workload's parameters and keep their label)."""
+        if duration_s < 0 or not math.isfinite(duration_s):
+            raise ValueError(f"duration_s must be a finite number >= 0 (got {duration_s})")
+        if concurrency < 0:
+            raise ValueError(f"concurrency must be >= 0 (got {concurrency})")
+        if any(v < 0 or not math.isfinite(v) for v in mix.values()):
+            raise ValueError(f"mix weights must be finite and >= 0 (got {dict(mix)})")
+        labels = [k for k, v in mix.items() if v > 0]
+        if concurrency > 0 and not labels:
+            raise ValueError("mix must give a positive weight to at least one workload")
+        if concurrency == 0 or duration_s == 0:
+            return self._idle(duration_s)
+        ws = [_resolve_workload(self.workloads, k) for k in labels]
+        mixw = np.array([mix[k] for k in labels], dtype=float)
+        mixw /= mixw.sum()
+        spec, prof = self.spec, self.profile
+        n_run = min(concurrency, self.max_running_requests)
+        # KV pool limit on concurrent requests (mean context per request).
+        mean_ctx_req = float(np.dot(mixw, [w.prompt_tokens + w.output_tokens for w in ws]))
+        n_run = max(1, min(n_run, int(prof.serving.kv_capacity_tokens // max(1.0, mean_ctx_req))))
+        queued = concurrency - n_run
+        alphas = np.array([w.alpha for w in ws])
+        prompts = np.array([float(round(w.prompt_tokens)) for w in ws])
+        mean_prompt = float(np.dot(mixw, prompts))
+        pf_fixed = prof.prefill_s(1, 0.0, spec, scale)
+        pf_per_tok = (prof.prefill_s(1, 1000.0, spec, scale) - pf_fixed) / 1000.0
+
+        def renewal(tiers: Mapping[int, float]) -> tuple[np.ndarray, ...]:
+            ren = np.array([self._renewal(w, tiers) for w in ws])  # [w, (E n, E K, E nK)]
+            return ren[:, 0], ren[:, 1], ren[:, 2]
+
+        def per_cycle(tiers: Mapping[int, float]) -> tuple[float, dict[int, float], float, float]:
+            """(prefill time per decode cycle, cycle time per tier, finishes per cycle,
+            mean context) under a tier mix."""
+            _en, ek, enk = renewal(tiers)
+            ek_mix = float(np.dot(mixw, ek))
+            # Mean context over decode cycles: prompt + (n + 1) / 2 on average over a request.
+            ctx = float(np.dot(mixw, prompts * ek + (enk + ek) / 2.0)) / ek_mix
+            finishes = n_run / ek_mix
+            p_prefill = 1.0 - (1.0 - min(1.0, 1.0 / ek_mix)) ** n_run
+            t_pf = p_prefill * pf_fixed + finishes * mean_prompt * pf_per_tok
+            cands = spec.tiers if spec.speculative else (0,)
+            cyc = {
+                g: float(prof.cycle_s(n_run, spec, g if spec.speculative else None, ctx, scale))
+                for g in cands
+            }
+            return t_pf, cyc, finishes, p_prefill
+
+        rng = self._rng
+        if self.adaptive is not None:
+            prior = self._last_tiers or {self.adaptive.steps_for_batch(n_run): 1.0}
+            t_pf, cyc, _, _ = per_cycle(prior)
+            _en0, ek0, _ = renewal(prior)
+            shares0 = mixw * ek0 / float(np.dot(mixw, ek0))
+            dt = {g: c + t_pf for g, c in cyc.items()}
+            tiers_used = self._run_adaptive(self.adaptive, n_run, duration_s, dt, alphas, shares0)
+            cycles = sum(tiers_used.values())
+        else:
+            g0 = spec.num_steps if spec.speculative else 0
+            t_pf, cyc, _, _ = per_cycle({g0: 1.0})
+            cycles_exact = duration_s / (cyc[g0] + t_pf) + self._carry
+            cycles = int(cycles_exact)
+            self._carry = cycles_exact - cycles
+            tiers_used = {g0: cycles} if cycles else {}
+        if cycles == 0:
+            return self._idle(duration_s, n_run, queued)
+        tiers = {g: c / cycles for g, c in tiers_used.items()}
+        self._last_tiers = tiers
+        t_pf, cyc, finishes_per_cycle, p_prefill = per_cycle(tiers)
+        en, ek, _ = renewal(tiers)
+        ek_mix = float(np.dot(mixw, ek))
+        shares = mixw * ek / ek_mix  # time share of decode slots per workload
+        step_time = float(sum(c * cyc[g] for g, c in tiers_used.items()))
+
+        # Verify events and the accepted-drafts histogram (one event per slot per cycle).
+        gmax = max(spec.tiers) if spec.speculative else 0
+        hist = np.zeros(gmax + 1)
+        pmfs = [np.asarray(self._step_pmf(float(a), tiers)) for a in alphas]
+        mean_l = float(np.dot(shares, [np.dot(np.arange(1, len(pm) + 1), pm) for pm in pmfs]))
+        if spec.speculative:
+            for g, c in tiers_used.items():
+                events = c * n_run
+                if g == 0:
+                    hist[0] += events
+                    continue
+                pmf = np.zeros(gmax + 1)
+                for s, a in zip(shares, alphas, strict=True):
+                    pmf[: g + 1] += s * accepted_drafts_pmf(float(a), g)
+                hist += rng.multinomial(events, pmf / pmf.sum())
+            raw_tokens = float(np.dot(np.arange(1, gmax + 2), hist))
+        else:
+            raw_tokens = float(cycles * n_run)
+        # Truncation at the output length: emitted decode tokens per slot-cycle are
+        # E[n - 1] / E[K], not E[L].
+        trunc = float(np.dot(mixw, en - 1.0)) / ek_mix / mean_l
+        req = rng.poisson(cycles * finishes_per_cycle * mixw).astype(float)
+        output_tokens = raw_tokens * trunc + float(req.sum())
+
+        gen: dict[str, float] = {}
+        ver: dict[str, float] = {}
+        reqs: dict[str, float] = {}
+        for i, (label, w) in enumerate(zip(labels, ws, strict=True)):
+            r = float(req[i])
+            gen[label] = ver[label] = reqs[label] = 0.0
+            if r <= 0:
+                continue
+            pn = w.output_length_pmf()
+            sd_n = math.sqrt(max(0.0, float(np.dot(pn, np.arange(len(pn)) ** 2)) - en[i] ** 2))
+            g_tok = max(r, rng.normal(r * en[i], math.sqrt(r) * sd_n))
+            v = 0.0
+            if spec.speculative:
+                mu = (en[i] - 1.0) / ek[i] if ek[i] > 0 else 1.0
+                v = r * ek[i] + (g_tok - r * en[i]) / mu
+                # Acceptance randomness given the lengths: var(K | n) ~ n var(L) / E[L]^3.
+                ls = np.arange(1, len(pmfs[i]) + 1)
+                el = float(np.dot(pmfs[i], ls))
+                var_l = float(np.dot(pmfs[i], ls**2)) - el**2
+                v = max(0.0, rng.normal(v, math.sqrt(max(0.0, g_tok * var_l / el**3))))
+            gen[label], ver[label], reqs[label] = float(round(g_tok)), float(round(v)), r
+        return WindowResult(
+            duration_s=duration_s,
+            cycles=cycles,
+            output_tokens=output_tokens,
+            generation_tokens=gen,
+            verify_calls=ver,
+            requests=reqs,
+            sum_bs=float(cycles * n_run),
+            sum_step_s=step_time,
+            sum_bs2=float(cycles * n_run * n_run),
+            sum_bs_step_s=step_time * n_run,
+            accepted_drafts_hist=hist.tolist() if spec.speculative else [],
+            mean_running=float(n_run),
+            mean_queued=float(queued),
+            tiers_used=tiers_used,
+            prefill_steps=cycles * p_prefill,
+        )
+
+    def _idle(self, duration_s: float, running: int = 0, queued: int = 0) -> WindowResult:
+        gmax = max(self.spec.tiers) if self.spec.speculative else 0
+        return WindowResult(
+            duration_s=duration_s,
+            cycles=0,
+            output_tokens=0.0,
+            generation_tokens={},
+            verify_calls={},
+            requests={},
+            sum_bs=0.0,
+            sum_step_s=0.0,
+            sum_bs2=0.0,
+            sum_bs_step_s=0.0,
+            accepted_drafts_hist=[0.0] * (gmax + 1) if self.spec.speculative else [],
+            mean_running=float(running),
+            mean_queued=float(queued),
+        )
