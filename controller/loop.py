@@ -325,7 +325,9 @@ class Controller:
         if ok:
             self.running = result.to_profile
             self.trial = Trial(switch_id, result.to_profile, result.from_profile, predicted, now)
-            self.store.record_trial(switch_id, "running", predicted=predicted, observed=None)
+            self.store.record_trial(
+                switch_id, "running", now, predicted_tok_s=predicted.mean if predicted else None
+            )
         elif result.outcome is SwitchOutcome.UNKNOWN:
             self.overrides = replace(self.overrides, blocked_reason=self.funnel.blocked_reason)
             self._save_overrides()
@@ -376,7 +378,12 @@ class Controller:
         trial.state = outcome.value
         observed = sum(trial.windows) / len(trial.windows) if trial.windows else None
         self.store.record_trial(
-            trial.switch_id, outcome.value, predicted=trial.predicted, observed=observed
+            trial.switch_id,
+            outcome.value,
+            now,
+            predicted_tok_s=trial.predicted.mean if trial.predicted else None,
+            observed_tok_s=observed,
+            detail={"windows": trial.windows},
         )
         log.info(
             "trial of %s %s: observed %.1f tok/s vs predicted %s",
@@ -440,15 +447,15 @@ class Controller:
         self.metrics.switches.labels(reason.value, result.outcome.value).inc()
         if result.outcome is SwitchOutcome.OK:
             self.metrics.downtime.observe(result.downtime_s)
-        return self.store.record_switch(
-            t_s=now,
-            from_profile=result.from_profile,
-            to_profile=result.to_profile,
-            reason=reason.value,
-            downtime_s=result.downtime_s,
+        sid = self.store.start_switch(result.from_profile, result.to_profile, reason.value, now)
+        self.store.finish_switch(
+            sid,
+            ended_s=self.clock.now(),
             outcome=result.outcome.value,
+            downtime_s=result.downtime_s,
             error=result.error,
         )
+        return sid
 
     # ----------------------------------------------------------------------------- operator ops
     def _check_profile(self, profile: str) -> None:
@@ -461,7 +468,7 @@ class Controller:
         until = None if ttl_s is None else now + ttl_s
         self.overrides = replace(self.overrides, pin_profile=profile, pin_until_s=until)
         self.store.record_override(
-            "pin", profile=profile, ttl_s=ttl_s, until_s=until, reason=reason, actor=actor, t_s=now
+            "pin", now, actor, profile=profile, ttl_s=ttl_s, until_s=until, reason=reason
         )
         self._save_overrides()
 
@@ -469,7 +476,7 @@ class Controller:
         now = self.clock.now()
         self.overrides = replace(self.overrides, pin_profile=None, pin_until_s=None)
         self.store.record_override(
-            "unpin", profile=None, ttl_s=None, until_s=None, reason=reason, actor=actor, t_s=now
+            "unpin", now, actor, profile=None, ttl_s=None, until_s=None, reason=reason
         )
         self._save_overrides()
 
@@ -477,13 +484,7 @@ class Controller:
         now = self.clock.now()
         self.overrides = replace(self.overrides, paused_until_s=now + ttl_s)
         self.store.record_override(
-            "pause",
-            profile=None,
-            ttl_s=ttl_s,
-            until_s=now + ttl_s,
-            reason=reason,
-            actor=actor,
-            t_s=now,
+            "pause", now, actor, profile=None, ttl_s=ttl_s, until_s=now + ttl_s, reason=reason
         )
         self._save_overrides()
 
@@ -491,7 +492,7 @@ class Controller:
         now = self.clock.now()
         self.overrides = replace(self.overrides, paused_until_s=None)
         self.store.record_override(
-            "resume", profile=None, ttl_s=None, until_s=None, reason=reason, actor=actor, t_s=now
+            "resume", now, actor, profile=None, ttl_s=None, until_s=None, reason=reason
         )
         self._save_overrides()
 
@@ -499,15 +500,7 @@ class Controller:
         now = self.clock.now()
         self.mode = mode
         self.overrides = replace(self.overrides, mode=mode)
-        self.store.record_override(
-            "mode",
-            profile=mode.value,
-            ttl_s=None,
-            until_s=None,
-            reason=reason,
-            actor=actor,
-            t_s=now,
-        )
+        self.store.record_override("mode", now, actor, mode=mode, reason=reason)
         self.metrics.set_mode(mode)
         self._save_overrides()
 
@@ -516,13 +509,7 @@ class Controller:
         self.funnel.clear_block()
         self.overrides = replace(self.overrides, blocked_reason=None)
         self.store.record_override(
-            "clear_block",
-            profile=None,
-            ttl_s=None,
-            until_s=None,
-            reason=reason,
-            actor=actor,
-            t_s=now,
+            "clear_block", now, actor, profile=None, ttl_s=None, until_s=None, reason=reason
         )
         self._save_overrides()
 
@@ -533,16 +520,20 @@ class Controller:
         now = self.clock.now()
         self.trial.state = "failed"
         self.store.record_trial(
-            self.trial.switch_id, "failed", predicted=self.trial.predicted, observed=None
+            self.trial.switch_id,
+            "failed",
+            now,
+            predicted_tok_s=self.trial.predicted.mean if self.trial.predicted else None,
+            detail={"aborted_by": actor, "reason": reason},
         )
         self.store.record_override(
             "trial_abort",
+            now,
+            actor,
             profile=self.trial.profile,
             ttl_s=None,
             until_s=None,
             reason=reason,
-            actor=actor,
-            t_s=now,
         )
         return True
 
@@ -556,7 +547,7 @@ class Controller:
             now, Action.SWITCH, profile, Reason.SWITCH_MANUAL, {"actor": actor, "why": reason}
         )
         self.store.record_override(
-            "switch", profile=profile, ttl_s=None, until_s=None, reason=reason, actor=actor, t_s=now
+            "switch", now, actor, profile=profile, ttl_s=None, until_s=None, reason=reason
         )
         self._manual = asyncio.create_task(self._manual_switch(d))
 

@@ -36,6 +36,10 @@ class OverrideKind(StrEnum):
     PAUSE = "pause"
     MODE = "mode"
     CLEAR_BLOCK = "clear_block"
+    UNPIN = "unpin"
+    RESUME = "resume"
+    TRIAL_ABORT = "trial_abort"
+    SWITCH = "switch"  # a one-off switch asked by an operator
 
 
 migrations = Migrations(MIGRATION_SET)
