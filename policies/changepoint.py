@@ -1,0 +1,338 @@
+"""Change detection on per-window signals, regime-duration expectation, and findings.
+
+Owns: a two-sided CUSUM on standardised residuals per stream (accept length, concurrency, cycle
+cost, baseline step time), the bookkeeping of regime means per stream (history), the expected
+remaining duration of the current regime (a conjugate exponential/Gamma model of regime lengths,
+i.e. a Lomax predictive, with a conservative prior), and Findings: drift against history and
+acceptance far below history, as data.
+
+CUSUM calibration (Siegmund's approximation, unit-variance Gaussian residuals): with drift
+allowance k = 1 and threshold h = 6 the in-control run length of one side is ~8e5 windows, so
+four streams x two sides stay well under one false alarm per 8640-window day; a step of 4 sigma
+is detected in ~2.5 windows on average. Residuals are clipped to +-z_clip so one outlier window
+cannot alarm on its own. Sigma comes from the larger of (a) mean absolute successive differences
+(robust to level shifts) and (b) the regime's own spread (captures slow wander that (a) misses),
+floored at a relative resolution, and inflated by sqrt(1 + 1/n) for the uncertainty of a young
+regime's mean.
+
+Must not: decide, read clocks, or know profiles beyond the stream names it is given.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# sqrt(pi) / 2: E|x_t - x_{t-1}| = 2 sigma / sqrt(pi) for independent Gaussian windows.
+_ABSDIFF_TO_SIGMA = math.sqrt(math.pi) / 2.0
+
+# Memory (windows) of the running means behind sigma and the regime level: long enough for a
+# stable noise scale (~7% error), short enough to follow slow drift within a regime.
+SIGMA_MEMORY_WINDOWS = 200
+LEVEL_MEMORY_WINDOWS = 100
+
+# Regime means kept per stream for history comparisons (bounded state).
+HISTORY_LEN = 20
+
+# Autocorrelation correction: the regime spread needs this many windows before it is trusted,
+# and rho is capped (rho -> 1 would make sigma infinite and the detector blind).
+LR_MIN_WINDOWS = 20
+MAX_RHO = 0.9
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something an operator should know, as data: `kind` is "drift" (a level moved against its
+    history, e.g. verify 20 -> 30 ms, baseline 89 -> 82 tok/s), "acceptance_low" (accept rate far
+    below history, e.g. 47% -> 19%) or "change" (a detected change point)."""
+
+    kind: str
+    subject: str
+    before: float
+    after: float
+    t_s: float
+    unit: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return self.after / self.before if self.before else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "subject": self.subject,
+            "before": self.before,
+            "after": self.after,
+            "t_s": self.t_s,
+            "unit": self.unit,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Finding:
+        return cls(
+            str(d["kind"]),
+            str(d["subject"]),
+            float(d["before"]),
+            float(d["after"]),
+            float(d["t_s"]),
+            str(d.get("unit", "")),
+        )
+
+
+@dataclass(frozen=True)
+class CusumEvent:
+    """`kind` "change": a change point (before = old regime level, after = the level of the
+    windows since the CUSUM left zero); "established": a regime's level is now based on `n`
+    windows (after = that level; before = the previous regime's level, nan if none)."""
+
+    kind: str
+    t_s: float
+    before: float
+    after: float
+    n: int
+
+
+@dataclass
+class CusumDetector:
+    """Two-sided CUSUM with self-estimated level and noise (see the module docstring)."""
+
+    k: float = 1.0
+    h: float = 6.0
+    warmup: int = 6
+    z_clip: float = 5.0
+    rel_sigma_floor: float = 0.005
+    # state
+    n: int = 0  # windows in the current regime
+    mean: float = 0.0
+    var: float = 0.0  # running variance of the regime around its mean
+    absdiff: float = 0.0
+    n_diff: int = 0
+    last_x: float | None = None
+    s_hi: float = 0.0
+    s_lo: float = 0.0
+    hi_sum: float = 0.0
+    hi_n: int = 0
+    lo_sum: float = 0.0
+    lo_n: int = 0
+    prev_mean: float = math.nan
+    established: bool = False
+    lr_factor: float = 1.0  # long-run / difference-based sigma, kept across regimes
+
+    def sigma(self) -> float:
+        """Long-run noise scale of the window sum the CUSUM accumulates."""
+        s_diff = self.absdiff * _ABSDIFF_TO_SIGMA if self.n_diff >= 2 else 0.0
+        if self.n >= LR_MIN_WINDOWS and s_diff > 0:
+            # Successive differences see sigma^2 (1 - rho); the regime spread sees sigma^2. Their
+            # ratio gives the lag-1 autocorrelation rho, and a CUSUM over autocorrelated windows
+            # needs the long-run scale sigma sqrt((1 + rho) / (1 - rho)) or it alarms on wander.
+            s_reg = math.sqrt(self.var)
+            rho = min(max(1.0 - (s_diff / max(s_reg, 1e-300)) ** 2, 0.0), MAX_RHO)
+            factor = max(1.0, s_reg / s_diff) * math.sqrt((1.0 + rho) / (1.0 - rho))
+            self.lr_factor += (factor - self.lr_factor) / min(self.n, SIGMA_MEMORY_WINDOWS)
+        s = max(s_diff * self.lr_factor, self.rel_sigma_floor * abs(self.mean), 1e-12)
+        return s * math.sqrt(1.0 + 1.0 / max(self.n, 1))
+
+    def _absorb(self, x: float) -> None:
+        self.n += 1
+        w = 1.0 / min(self.n, LEVEL_MEMORY_WINDOWS)
+        d = x - self.mean
+        self.mean += w * d
+        self.var = (1.0 - w) * (self.var + w * d * d)
+
+    def _diff(self, x: float) -> None:
+        if self.last_x is not None:
+            d = abs(x - self.last_x)
+            if self.n_diff >= 10:
+                # A level shift is one huge difference: cap it so it barely moves the scale.
+                d = min(d, 6.0 * self.absdiff + 1e-300)
+            self.n_diff += 1
+            self.absdiff += (d - self.absdiff) / min(self.n_diff, SIGMA_MEMORY_WINDOWS)
+        self.last_x = x
+
+    def _start_regime(self, level: float, n: int) -> None:
+        self.prev_mean = self.mean
+        self.mean = level
+        self.n = n
+        self.var = 0.0
+        self.s_hi = self.s_lo = 0.0
+        self.hi_sum = self.lo_sum = 0.0
+        self.hi_n = self.lo_n = 0
+        self.established = False
+
+    def update(self, x: float, t_s: float) -> CusumEvent | None:
+        """Feed one window's value. Non-finite values are ignored."""
+        if not math.isfinite(x):
+            return None
+        self._diff(x)
+        if self.n < self.warmup:
+            self._absorb(x)
+            if self.n >= self.warmup and not self.established:
+                self.established = True
+                return CusumEvent("established", t_s, self.prev_mean, self.mean, self.n)
+            return None
+        z = (x - self.mean) / self.sigma()
+        z = max(-self.z_clip, min(self.z_clip, z))
+        self.s_hi = max(0.0, self.s_hi + z - self.k)
+        self.s_lo = max(0.0, self.s_lo - z - self.k)
+        if self.s_hi > 0:
+            self.hi_sum += x
+            self.hi_n += 1
+        else:
+            self.hi_sum, self.hi_n = 0.0, 0
+        if self.s_lo > 0:
+            self.lo_sum += x
+            self.lo_n += 1
+        else:
+            self.lo_sum, self.lo_n = 0.0, 0
+        if self.s_hi > self.h or self.s_lo > self.h:
+            up = self.s_hi > self.h
+            total, count = (self.hi_sum, self.hi_n) if up else (self.lo_sum, self.lo_n)
+            before = self.mean
+            after = total / count
+            self._start_regime(after, count)
+            return CusumEvent("change", t_s, before, after, count)
+        self._absorb(x)
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CusumDetector:
+        return cls(**dict(d))
+
+
+@dataclass
+class ChangeMonitor:
+    """One CusumDetector per stream name, plus each stream's history of established levels."""
+
+    k: float = 1.0
+    h: float = 6.0
+    warmup: int = 6
+    z_clip: float = 5.0
+    rel_sigma_floor: float = 0.005
+    detectors: dict[str, CusumDetector] = field(default_factory=dict)
+    history: dict[str, list[float]] = field(default_factory=dict)
+
+    def update(self, key: str, x: float | None, t_s: float) -> CusumEvent | None:
+        if x is None or not math.isfinite(x):
+            return None
+        det = self.detectors.get(key)
+        if det is None:
+            det = CusumDetector(self.k, self.h, self.warmup, self.z_clip, self.rel_sigma_floor)
+            self.detectors[key] = det
+        ev = det.update(x, t_s)
+        if ev is not None and ev.kind == "established":
+            hist = self.history.setdefault(key, [])
+            hist.append(ev.after)
+            del hist[:-HISTORY_LEN]
+        return ev
+
+    def level(self, key: str) -> float | None:
+        det = self.detectors.get(key)
+        return det.mean if det is not None and det.n > 0 else None
+
+    def reset(self, prefix: str = "") -> None:
+        """Forget the detectors whose key starts with `prefix` (a restart begins new regimes for
+        them); histories stay, so a new boot is compared with the previous ones."""
+        for key in [k for k in self.detectors if k.startswith(prefix)]:
+            del self.detectors[key]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "k": self.k,
+            "h": self.h,
+            "warmup": self.warmup,
+            "z_clip": self.z_clip,
+            "rel_sigma_floor": self.rel_sigma_floor,
+            "detectors": {k: d.to_dict() for k, d in self.detectors.items()},
+            "history": {k: list(v) for k, v in self.history.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ChangeMonitor:
+        return cls(
+            k=float(d["k"]),
+            h=float(d["h"]),
+            warmup=int(d["warmup"]),
+            z_clip=float(d["z_clip"]),
+            rel_sigma_floor=float(d["rel_sigma_floor"]),
+            detectors={k: CusumDetector.from_dict(v) for k, v in d["detectors"].items()},
+            history={k: [float(x) for x in v] for k, v in d["history"].items()},
+        )
+
+
+@dataclass
+class RegimeDurations:
+    """Expected remaining duration of the current regime.
+
+    Regime lengths are modelled as exponential with an unknown rate under a Gamma prior whose
+    mean length is `prior_mean_s`, worth `prior_strength` pseudo-regimes. After k completed
+    regimes of total length D, and the current one having lasted `age_s` (censored), the
+    predictive remaining duration has mean (prior_strength x prior_mean_s + D + age_s) /
+    (prior_strength + k - 0): a long-lived regime is expected to last longer (Lindy), a history
+    of short regimes (bursts) pulls the expectation down."""
+
+    prior_mean_s: float = 1800.0
+    prior_strength: float = 1.0
+    completed: list[float] = field(default_factory=list)
+
+    def record(self, duration_s: float) -> None:
+        if math.isfinite(duration_s) and duration_s > 0:
+            self.completed.append(float(duration_s))
+            del self.completed[: -HISTORY_LEN * 5]
+
+    def expected_remaining_s(self, age_s: float) -> float:
+        age = max(float(age_s), 0.0)
+        k = len(self.completed)
+        a = self.prior_strength + k
+        b = self.prior_strength * self.prior_mean_s + sum(self.completed) + age
+        return b / a
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prior_mean_s": self.prior_mean_s,
+            "prior_strength": self.prior_strength,
+            "completed": list(self.completed),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RegimeDurations:
+        return cls(
+            float(d["prior_mean_s"]),
+            float(d["prior_strength"]),
+            [float(x) for x in d["completed"]],
+        )
+
+
+def drift_finding(
+    subject: str, before: float, after: float, t_s: float, min_rel: float, unit: str = ""
+) -> Finding | None:
+    """A drift Finding when a level moved by at least `min_rel` relative to its history."""
+    if not (math.isfinite(before) and math.isfinite(after)) or before == 0:
+        return None
+    if abs(after / before - 1.0) < min_rel:
+        return None
+    return Finding("drift", subject, before, after, t_s, unit)
+
+
+def acceptance_finding(
+    subject: str,
+    history_accept_length: Sequence[float],
+    now_accept_length: float,
+    steps: int,
+    low_ratio: float,
+    t_s: float,
+) -> Finding | None:
+    """An "acceptance_low" Finding when the accept rate ((L - 1) / steps, SGLang's
+    spec_accept_rate) is below `low_ratio` x the median of its history."""
+    if steps < 1 or not history_accept_length or not math.isfinite(now_accept_length):
+        return None
+    hist_rate = (statistics.median(history_accept_length) - 1.0) / steps
+    now_rate = (now_accept_length - 1.0) / steps
+    if hist_rate <= 0 or now_rate >= low_ratio * hist_rate:
+        return None
+    return Finding("acceptance_low", subject, hist_rate, now_rate, t_s, "accept_rate")

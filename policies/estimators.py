@@ -1,0 +1,1082 @@
+"""Estimators: cycle-time surface, accept length per (profile, workload), throughput prediction.
+
+Owns every number the policy believes about a profile: how long one decode cycle takes at batch
+size B (per profile, and one shared surface in (B, n) that predicts profiles never run), how many
+tokens a verify step yields per workload (observed, or predicted across profiles by chain
+truncation / the tail model), the current workload mix and concurrency, and the resulting tok/s
+prediction with an interval. All state is exponentially forgotten sufficient statistics updated
+in O(1) per window (no refits from raw history), serialisable with to_dict/from_dict.
+
+Honesty rules: `estimate()` returns None below a minimum of data; every estimate carries a ~90%
+interval; windows that are physically impossible (negative times, batch < 1, accept length
+outside [1, steps + 1], moments violating Cauchy-Schwarz) are rejected and counted; fits with an
+impossible sign (step time falling with batch size) are not used.
+
+Must not: decide anything, read clocks (times come in with the data), or do I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from policies.chain import (
+    Z90,
+    extrapolated_accept_length,
+    fit_tail,
+    predict_from_mean,
+    truncated_accept_estimate,
+)
+from policies.types import (
+    UNLABELLED,
+    DecodeMoments,
+    Estimate,
+    Observation,
+    ProfilePrediction,
+    ProfileSpec,
+)
+
+# Key of the all-workloads aggregate accept length of a profile (never a real workload label:
+# SGLang's custom label values come from clients; "*" is not a workload name anyone sends).
+AGGREGATE = "*"
+
+# The shared surface T = c0 + c1*[n>1] + c2*B*n + c3*B is a four-term stand-in for a roofline
+# with kinks: predictions of profiles never run carry at least this relative error (~90% half
+# width). FIELD.md: halving draft tokens moved verify time only 14%, and verify moved 20 -> 30 ms
+# across boots, so a 10% floor is the honest resolution of such a model.
+SURFACE_REL_ERR_FLOOR = 0.10
+
+# An own per-profile slope is only trusted when the batch sizes seen vary by at least this
+# standard deviation (sequences): below it the slope is noise over a single point.
+MIN_BATCH_SD_FOR_SLOPE = 0.5
+
+# Workloads below this token share are ignored in the mix (their accept length barely moves the
+# harmonic mean, and requiring an estimate for each would stall predictions on rare labels).
+MIN_MIX_SHARE = 0.02
+
+# The shared surface is refitted once the steps added since the last fit exceed this fraction
+# of all (forgotten) steps, or when a profile gains/loses enough data to be in it: a few percent
+# of new evidence cannot move a least-squares fit by more than its own noise, and refitting
+# every window would cost more than all the other work of a tick.
+REFIT_FRACTION = 0.05
+
+_TINY = 1e-12
+
+
+def _decay(window_s: float, half_life_s: float) -> float:
+    """Exponential forgetting factor for one window: the weight of old data halves every
+    `half_life_s` seconds of observed time."""
+    if half_life_s <= 0 or not math.isfinite(half_life_s):
+        return 0.0
+    return float(0.5 ** (max(window_s, 0.0) / half_life_s))
+
+
+def _finite(*xs: float) -> bool:
+    return all(math.isfinite(x) for x in xs)
+
+
+def _est(mean: float, half: float, lo_clip: float, hi_clip: float, n: float) -> Estimate:
+    half = abs(half)
+    return Estimate(
+        mean=mean,
+        low=max(lo_clip, mean - half),
+        high=min(hi_clip, mean + half),
+        n=n,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Cycle time
+
+
+@dataclass
+class LineStats:
+    """Forgotten per-step moments of one profile plus prequential window residuals."""
+
+    s0: float = 0.0  # steps
+    s1: float = 0.0  # sum B
+    sy: float = 0.0  # sum step_s
+    s2: float = 0.0  # sum B^2
+    sxy: float = 0.0  # sum B * step_s
+    windows: float = 0.0  # forgotten window count
+    windows2: float = 0.0  # forgotten sum of squared window weights (effective n)
+    res_w: float = 0.0  # forgotten count of prequential residuals
+    res_ss: float = 0.0  # forgotten sum of squared prequential residuals (seconds^2)
+    last_t_s: float | None = None
+    rejected: int = 0
+
+    def scale(self, f: float) -> None:
+        self.s0 *= f
+        self.s1 *= f
+        self.sy *= f
+        self.s2 *= f
+        self.sxy *= f
+        self.windows *= f
+        self.windows2 *= f * f
+        self.res_w *= f
+        self.res_ss *= f
+
+    @property
+    def bbar(self) -> float:
+        return self.s1 / self.s0
+
+    @property
+    def level(self) -> float:
+        return self.sy / self.s0
+
+    @property
+    def var_b(self) -> float:
+        return max(self.s2 / self.s0 - self.bbar**2, 0.0)
+
+    def own_slope(self) -> float | None:
+        """Least-squares slope of step_s on B, or None if unidentified or impossible (< 0)."""
+        if self.s0 <= 0:
+            return None
+        vb = self.var_b
+        if vb < MIN_BATCH_SD_FOR_SLOPE**2:
+            return None
+        b = (self.sxy / self.s0 - self.bbar * self.level) / vb
+        return b if b >= 0.0 else None
+
+    def window_var(self) -> float | None:
+        """Variance of one window's mean step time around the fit (prequential)."""
+        if self.res_w < 2.0:
+            return None
+        return self.res_ss / self.res_w
+
+    def n_eff(self) -> float:
+        return self.windows**2 / self.windows2 if self.windows2 > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LineStats:
+        return cls(**dict(d))
+
+
+@dataclass(frozen=True)
+class SurfaceFit:
+    """Coefficients of T(B, n) = c0 + c1*[n>1] + c2*B*n + c3*B (seconds), all >= 0 (nnls)."""
+
+    coef: tuple[float, float, float, float]
+    slope_identified: bool  # some profile varied B enough to identify the B terms
+    spec_ns: tuple[int, ...]  # draft tokens of the speculative profiles with data
+    has_baseline: bool
+    rel_resid_rms: float  # RMS relative residual of the profiles' levels against the surface
+    draft_resid_per_step_s: float  # mean per draft step residual of speculative profiles
+
+    def at(self, batch: float, n: int) -> float:
+        c0, c1, c2, c3 = self.coef
+        return c0 + c1 * (1.0 if n > 1 else 0.0) + c2 * batch * n + c3 * batch
+
+    def slope(self, n: int) -> float:
+        _, _, c2, c3 = self.coef
+        return c2 * n + c3
+
+
+class CycleTimeSurface:
+    """T(B, n) per profile from DecodeMoments, plus one shared surface over all profiles.
+
+    `update` feeds one window of a profile's moments; `estimate(profile, batch)` predicts that
+    profile's cycle seconds at `batch`: from its own line where it has data (slope from the
+    shared surface when its own batch sizes did not vary), from the shared surface plus the
+    learned draft residual where it has none (wider, and wider still when extrapolating in n
+    or B). Forgetting: each profile's statistics decay with `half_life_s` of its observed time.
+    """
+
+    def __init__(
+        self,
+        profiles: Sequence[ProfileSpec],
+        half_life_s: float = 1800.0,
+        min_windows: int = 3,
+        min_steps: float = 20.0,
+    ) -> None:
+        self.specs = {p.name: p for p in profiles}
+        self.half_life_s = float(half_life_s)
+        self.min_windows = int(min_windows)
+        self.min_steps = float(min_steps)
+        self.stats: dict[str, LineStats] = {p.name: LineStats() for p in profiles}
+        self._fit: SurfaceFit | None = None
+        self._fit_dirty = True
+        self._steps_since_fit = 0.0
+        self._fit_members: tuple[str, ...] = ()
+
+    # -- data in
+    def update(
+        self, profile: str, moments: DecodeMoments, t_s: float, window_s: float
+    ) -> float | None:
+        """Feed one window. Returns the window's mean step time divided by the prediction made
+        before it at the window's batch size (prequential ratio, ~1 when nothing changed) or
+        None when there was no prediction yet or the window was empty/rejected."""
+        st = self.stats.get(profile)
+        if st is None:
+            raise KeyError(f"unknown profile {profile!r}")
+        m = moments
+        n = m.n_steps
+        vals = (n, m.sum_bs, m.sum_step_s, m.sum_bs2, m.sum_bs_step_s)
+        if not _finite(*vals) or any(v < 0 for v in vals):
+            st.rejected += 1
+            return None
+        if n <= 0:
+            return None
+        mean_b = m.sum_bs / n
+        mean_t = m.sum_step_s / n
+        # A decode step serves at least one sequence and takes time; sum B^2 >= (sum B)^2 / n.
+        if mean_b < 1.0 - 1e-9 or mean_t <= 0 or m.sum_bs2 < m.sum_bs**2 / n * (1 - 1e-9):
+            st.rejected += 1
+            return None
+        pred = self._own_predict(profile, mean_b)
+        ratio = None
+        lam = _decay(window_s, self.half_life_s)
+        st.scale(lam)
+        if pred is not None:
+            r = mean_t - pred[0]
+            st.res_ss += r * r
+            st.res_w += 1.0
+            ratio = mean_t / pred[0] if pred[0] > 0 else None
+        elif st.s0 > 0:
+            r = mean_t - st.level
+            st.res_ss += r * r
+            st.res_w += 1.0
+        st.s0 += n
+        st.s1 += m.sum_bs
+        st.sy += m.sum_step_s
+        st.s2 += m.sum_bs2
+        st.sxy += m.sum_bs_step_s
+        st.windows += 1.0
+        st.windows2 += 1.0
+        st.last_t_s = t_s
+        self._steps_since_fit += n
+        total = sum(x.s0 for x in self.stats.values())
+        if self._steps_since_fit > REFIT_FRACTION * total or self._members() != self._fit_members:
+            self._fit_dirty = True
+        return ratio
+
+    def _members(self) -> tuple[str, ...]:
+        return tuple(p for p in self.stats if self.has_data(p))
+
+    def discount(self, profile: str, factor: float) -> None:
+        """Keep only `factor` of a profile's evidence (a new boot, a detected drift): old data
+        becomes a weak prior that fresh windows outweigh within a few polls."""
+        self.stats[profile].scale(min(max(factor, 0.0), 1.0))
+        self._fit_dirty = True
+
+    # -- queries
+    def has_data(self, profile: str) -> bool:
+        st = self.stats[profile]
+        return st.windows >= self.min_windows and st.s0 >= self.min_steps
+
+    def last_t_s(self, profile: str) -> float | None:
+        return self.stats[profile].last_t_s
+
+    def mean_batch(self, profile: str) -> float | None:
+        st = self.stats[profile]
+        return st.bbar if st.s0 > 0 else None
+
+    def surface(self) -> SurfaceFit | None:
+        """The shared surface fitted with nnls over every profile's moments (lazily refitted
+        when any profile's statistics changed); None without data from two profiles."""
+        if self._fit_dirty:
+            self._fit = self._fit_surface()
+            self._fit_dirty = False
+            self._steps_since_fit = 0.0
+            self._fit_members = self._members()
+        return self._fit
+
+    def _fit_surface(self) -> SurfaceFit | None:
+        xtx = np.zeros((4, 4))
+        xty = np.zeros(4)
+        used: list[tuple[ProfileSpec, LineStats]] = []
+        slope_identified = False
+        for name, st in self.stats.items():
+            spec = self.specs[name]
+            if spec.adaptive or not self.has_data(name):
+                continue
+            n = max(int(spec.draft_tokens), 1)
+            s = 1.0 if n > 1 else 0.0
+            s0, s1, s2, sy, sxy = st.s0, st.s1, st.s2, st.sy, st.sxy
+            # sum over steps of f f' with f = [1, s, n B, B]
+            xtx += np.array(
+                [
+                    [s0, s * s0, n * s1, s1],
+                    [s * s0, s * s0, s * n * s1, s * s1],
+                    [n * s1, s * n * s1, n * n * s2, n * s2],
+                    [s1, s * s1, n * s2, s2],
+                ]
+            )
+            xty += np.array([sy, s * sy, n * sxy, sxy])
+            used.append((spec, st))
+            slope_identified = slope_identified or st.var_b >= MIN_BATCH_SD_FOR_SLOPE**2
+        if len(used) < 2:
+            return None
+        # Scale-aware ridge keeps the Cholesky defined when columns are collinear (one n seen).
+        ridge = 1e-9 * float(np.trace(xtx)) + _TINY
+        r = np.linalg.cholesky(xtx + ridge * np.eye(4)).T
+        z = np.linalg.solve(r.T, xty)
+        coef, _ = nnls(r, z)
+        c = (float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]))
+        fit = SurfaceFit(c, slope_identified, (), False, 0.0, 0.0)
+        rel2: list[float] = []
+        draft: list[float] = []
+        spec_ns: list[int] = []
+        has_base = False
+        for spec, st in used:
+            n = max(int(spec.draft_tokens), 1)
+            at = fit.at(st.bbar, n)
+            resid = st.level - at
+            rel2.append((resid / st.level) ** 2)
+            if n > 1:
+                spec_ns.append(n)
+                draft.append(resid / (n - 1))
+            else:
+                has_base = True
+        return SurfaceFit(
+            coef=c,
+            slope_identified=slope_identified,
+            spec_ns=tuple(sorted(set(spec_ns))),
+            has_baseline=has_base,
+            rel_resid_rms=math.sqrt(sum(rel2) / len(rel2)),
+            draft_resid_per_step_s=sum(draft) / len(draft) if draft else 0.0,
+        )
+
+    def _own_predict(self, profile: str, batch: float) -> tuple[float, float] | None:
+        """(mean, variance) from the profile's own data; None below the minimum of data."""
+        if not self.has_data(profile):
+            return None
+        st = self.stats[profile]
+        wv = st.window_var()
+        n_eff = max(st.n_eff(), 1.0)
+        level_var = (wv if wv is not None else (0.05 * st.level) ** 2) / n_eff
+        d = batch - st.bbar
+        b = st.own_slope()
+        if b is not None:
+            return st.level + b * d, level_var * (1.0 + d * d / st.var_b)
+        if abs(d) <= MIN_BATCH_SD_FOR_SLOPE:
+            return st.level, level_var
+        fit = self.surface()
+        spec = self.specs[profile]
+        n = max(int(spec.draft_tokens), 1)
+        if fit is not None and fit.slope_identified and not spec.adaptive:
+            bs = fit.slope(n)
+            extra = SURFACE_REL_ERR_FLOOR * bs * abs(d) / Z90
+            return st.level + bs * d, level_var + extra * extra
+        # No slope anywhere: step time is non-decreasing in B and at most proportional to it.
+        lo, hi = sorted((st.level, st.level * batch / st.bbar))
+        half = (hi - lo) / 2.0
+        return (lo + hi) / 2.0, level_var + (half / Z90) ** 2
+
+    def estimate(self, profile: str, batch: float) -> Estimate | None:
+        """Cycle seconds of `profile` at `batch` with a ~90% interval, or None."""
+        if batch <= 0 or not math.isfinite(batch):
+            raise ValueError(f"batch must be a positive number, got {batch!r}")
+        own = self._own_predict(profile, batch)
+        if own is not None:
+            mean, var = own
+            if mean <= 0:
+                return None
+            st = self.stats[profile]
+            return _est(mean, Z90 * math.sqrt(var), mean * 1e-3, math.inf, st.s0)
+        return self._surface_predict(profile, batch)
+
+    def _surface_predict(self, profile: str, batch: float) -> Estimate | None:
+        spec = self.specs[profile]
+        if spec.adaptive:
+            return None  # its tier moves with B: no single n to put on the surface
+        fit = self.surface()
+        if fit is None:
+            return None
+        n = max(int(spec.draft_tokens), 1)
+        if n > 1:
+            if not fit.spec_ns or not fit.has_baseline:
+                return None  # the speculative terms are unidentified
+            near = min(fit.spec_ns, key=lambda k: (abs(k - n), k))
+            mean = fit.at(batch, n) + fit.draft_resid_per_step_s * (n - 1)
+            rel = math.hypot(SURFACE_REL_ERR_FLOOR, fit.rel_resid_rms)
+            rel *= 1.0 + abs(n - near) / near
+        else:
+            return None  # a baseline with no own data cannot be read off speculative cycles
+        if not fit.slope_identified:
+            bs = [
+                self.stats[p].bbar
+                for p, sp in self.specs.items()
+                if self.has_data(p) and not sp.adaptive
+            ]
+            near_b = min(bs, key=lambda x: abs(x - batch))
+            rel += abs(batch - near_b) / max(batch, near_b)
+        if mean <= 0:
+            return None
+        return _est(mean, rel * mean, mean * 1e-3, math.inf, 0.0)
+
+    # -- persistence
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "half_life_s": self.half_life_s,
+            "min_windows": self.min_windows,
+            "min_steps": self.min_steps,
+            "profiles": [_spec_to_dict(s) for s in self.specs.values()],
+            "stats": {k: v.to_dict() for k, v in self.stats.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CycleTimeSurface:
+        obj = cls(
+            [_spec_from_dict(s) for s in d["profiles"]],
+            half_life_s=d["half_life_s"],
+            min_windows=d["min_windows"],
+            min_steps=d["min_steps"],
+        )
+        for k, v in d["stats"].items():
+            obj.stats[k] = LineStats.from_dict(v)
+        return obj
+
+
+# --------------------------------------------------------------------------------------------
+# Accept length
+
+
+@dataclass
+class _RatioStats:
+    """Forgotten sums for a ratio estimate L = sum(gen - req) / sum(verify) with window scatter."""
+
+    w: float = 0.0  # sum verify calls
+    wl: float = 0.0  # sum (gen - requests)
+    wll: float = 0.0  # sum (gen - requests)^2 / verify  (= sum v * L_w^2)
+    v2: float = 0.0  # sum verify^2 (effective number of windows)
+    windows: float = 0.0
+    last_t_s: float | None = None
+    rejected: int = 0
+
+    def scale(self, f: float) -> None:
+        self.w *= f
+        self.wl *= f
+        self.wll *= f
+        self.v2 *= f * f
+        self.windows *= f
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> _RatioStats:
+        return cls(**dict(d))
+
+
+@dataclass
+class _HistStats:
+    counts: list[float] = field(default_factory=list)
+    last_t_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"counts": list(self.counts), "last_t_s": self.last_t_s}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> _HistStats:
+        return cls(counts=[float(x) for x in d["counts"]], last_t_s=d.get("last_t_s"))
+
+
+@dataclass(frozen=True)
+class AcceptPrediction:
+    estimate: Estimate
+    source: str  # "observed", "truncation", "tail_model", "mean_model", "baseline"
+    data_t_s: float | None  # time of the newest data behind it
+
+
+def cross_predictable(p: ProfileSpec, q: ProfileSpec) -> bool:
+    """Chain truncation/extrapolation holds between topk-1, fixed-depth chains of one drafter."""
+    return (
+        p.algorithm is not None
+        and p.algorithm == q.algorithm
+        and p.topk == 1
+        and q.topk == 1
+        and not p.adaptive
+        and not q.adaptive
+        and p.num_steps >= 1
+        and q.num_steps >= 1
+    )
+
+
+class AcceptLength:
+    """Accept length (drafts + bonus per verify step) per (profile, workload), plus each
+    profile's forgotten histogram of accepted drafts, and cross-profile prediction.
+
+    From counters: L = (generation_tokens - requests) / verify_calls over finished requests
+    (each request's first token comes from prefill, not from a verify step). From histograms:
+    exact truncation to fewer steps; tail model to more steps (wider)."""
+
+    def __init__(
+        self,
+        profiles: Sequence[ProfileSpec],
+        half_life_s: float = 1800.0,
+        min_windows: int = 3,
+        min_verify: float = 200.0,
+        min_hist_steps: float = 200.0,
+    ) -> None:
+        self.specs = {p.name: p for p in profiles}
+        self.half_life_s = float(half_life_s)
+        self.min_windows = int(min_windows)
+        self.min_verify = float(min_verify)
+        self.min_hist_steps = float(min_hist_steps)
+        self.ratios: dict[str, dict[str, _RatioStats]] = {p.name: {} for p in profiles}
+        self.hists: dict[str, _HistStats] = {p.name: _HistStats() for p in profiles}
+        # Derived, not persisted: per profile (steps added since, L_g of the histogram itself,
+        # {g': (mean, low, high)}) so truncation/tail fits are not redone every window.
+        self._shape: dict[str, tuple[float, float, dict[int, tuple[float, float, float]]]] = {}
+
+    def _add_ratio(
+        self, st: _RatioStats, gen: float, req: float, ver: float, g: int, t_s: float, lam: float
+    ) -> float | None:
+        if not _finite(gen, req, ver) or gen < 0 or req < 0 or ver < 0:
+            st.rejected += 1
+            return None
+        if ver <= 0:
+            return None
+        L = (gen - req) / ver
+        # Impossible: fewer than one token per verify step, or more than steps + 1.
+        if L < 1.0 - 1e-6 or g + 1.0 + 1e-6 < L:
+            st.rejected += 1
+            return None
+        st.scale(lam)
+        st.w += ver
+        st.wl += gen - req
+        st.wll += (gen - req) ** 2 / ver
+        st.v2 += ver * ver
+        st.windows += 1.0
+        st.last_t_s = t_s
+        return L
+
+    def update(self, obs: Observation) -> float | None:
+        """Feed one window of the running profile. Returns the window's all-workload accept
+        length (for change detection), or None."""
+        spec = self.specs.get(obs.profile)
+        if spec is None:
+            raise KeyError(f"unknown profile {obs.profile!r}")
+        if not spec.speculative or spec.num_steps < 1:
+            return None
+        g = max(spec.num_steps, max(spec.candidate_steps, default=0))
+        lam = _decay(obs.window_s, self.half_life_s)
+        per = self.ratios[obs.profile]
+        tot_g = tot_r = tot_v = 0.0
+        for w in obs.workloads:
+            if w.generation_tokens is None or w.verify_calls is None or w.requests is None:
+                continue
+            st = per.setdefault(w.workload, _RatioStats())
+            if self._add_ratio(
+                st, w.generation_tokens, w.requests, w.verify_calls, g, obs.t_s, lam
+            ):
+                tot_g += w.generation_tokens
+                tot_r += w.requests
+                tot_v += w.verify_calls
+        agg = None
+        if tot_v > 0:
+            st = per.setdefault(AGGREGATE, _RatioStats())
+            agg = self._add_ratio(st, tot_g, tot_r, tot_v, g, obs.t_s, lam)
+        h = obs.accepted_drafts_hist
+        if h is not None and not spec.adaptive and len(h) == spec.num_steps + 1:
+            arr = [float(x) for x in h]
+            if all(math.isfinite(x) and x >= 0 for x in arr) and sum(arr) > 0:
+                hs = self.hists[obs.profile]
+                if len(hs.counts) != len(arr):
+                    hs.counts = [0.0] * len(arr)
+                hs.counts = [c * lam + x for c, x in zip(hs.counts, arr, strict=True)]
+                hs.last_t_s = obs.t_s
+                if obs.profile in self._shape:
+                    added, lp, cache = self._shape[obs.profile]
+                    self._shape[obs.profile] = (added + sum(arr), lp, cache)
+        return agg
+
+    def discount(self, profile: str, factor: float) -> None:
+        """Keep only `factor` of a profile's accept evidence (a detected change, a new boot)."""
+        f = min(max(factor, 0.0), 1.0)
+        for st in self.ratios[profile].values():
+            st.scale(f)
+        hs = self.hists[profile]
+        hs.counts = [c * f for c in hs.counts]
+        self._shape.pop(profile, None)
+
+    def hist_shape(self, profile: str, g_prime: int) -> tuple[float, tuple[float, float, float]]:
+        """(E[L_g] of the profile's own histogram, (mean, low, high) of E[L_g']): exact
+        truncation for g' <= g, tail model beyond. Cached until REFIT_FRACTION of new steps."""
+        hist = self.histogram(profile)
+        if hist is None:
+            raise ValueError(f"no histogram for {profile!r}")
+        g = len(hist) - 1
+        cached = self._shape.get(profile)
+        if cached is None or cached[0] > REFIT_FRACTION * sum(hist):
+            lp, _, _ = truncated_accept_estimate(hist, g)
+            cached = (0.0, lp, {})
+            self._shape[profile] = cached
+        _, lp, cache = cached
+        if g_prime not in cache:
+            if g_prime <= g:
+                cache[g_prime] = truncated_accept_estimate(hist, g_prime)
+            else:
+                cache[g_prime] = extrapolated_accept_length(fit_tail(hist), g_prime)
+        return lp, cache[g_prime]
+
+    def estimate(self, profile: str, workload: str = AGGREGATE) -> Estimate | None:
+        """Observed accept length of `profile` for `workload` (AGGREGATE: all workloads)."""
+        spec = self.specs[profile]
+        if not spec.speculative or spec.num_steps < 1:
+            return Estimate(1.0, 1.0, 1.0, math.inf)
+        st = self.ratios[profile].get(workload)
+        if st is None or st.windows < self.min_windows or st.w < self.min_verify:
+            return None
+        g = max(spec.num_steps, max(spec.candidate_steps, default=0))
+        L = st.wl / st.w
+        var_w = max(st.wll / st.w - L * L, 0.0)
+        n_eff = st.w * st.w / st.v2 if st.v2 > 0 else 1.0
+        se = math.sqrt(var_w / max(n_eff, 1.0))
+        # Floor: the Bhatia-Davis bound on a per-step variance of accepted drafts in [0, g].
+        a = min(max(L - 1.0, 0.0), float(g))
+        se = max(se, math.sqrt(a * (g - a) / st.w))
+        return _est(L, Z90 * se, 1.0, g + 1.0, st.w)
+
+    def histogram(self, profile: str) -> list[float] | None:
+        hs = self.hists[profile]
+        if not hs.counts or sum(hs.counts) < self.min_hist_steps:
+            return None
+        return list(hs.counts)
+
+    def last_t_s(self, profile: str, workload: str = AGGREGATE) -> float | None:
+        st = self.ratios[profile].get(workload)
+        return st.last_t_s if st is not None else None
+
+    def has_data(self, profile: str) -> bool:
+        spec = self.specs[profile]
+        if not spec.speculative:
+            return True
+        return self.estimate(profile, AGGREGATE) is not None
+
+    def predict(
+        self, profile: str, workload: str = AGGREGATE, fresh_since_s: float | None = None
+    ) -> AcceptPrediction | None:
+        """Best available accept length of `profile` for `workload`: own fresh data first, then
+        a fresh cross-profile prediction (truncation from a deeper chain, the tail model from a
+        shallower one, the constant-alpha model when only means exist), then stale own data,
+        then stale cross predictions. Fresh = newest data at or after `fresh_since_s`."""
+        q = self.specs[profile]
+        if not q.speculative or q.num_steps < 1:
+            return AcceptPrediction(Estimate(1.0, 1.0, 1.0, math.inf), "baseline", None)
+
+        def fresh(t: float | None) -> bool:
+            return fresh_since_s is None or (t is not None and t >= fresh_since_s)
+
+        own_e = self.estimate(profile, workload)
+        own = (
+            AcceptPrediction(own_e, "observed", self.last_t_s(profile, workload))
+            if own_e is not None
+            else None
+        )
+        if own is not None and fresh(own.data_t_s):
+            return own
+        cross = self._cross(q, workload, fresh)
+        if cross is not None and fresh(cross.data_t_s):
+            return cross
+        return own if own is not None else cross
+
+    def _cross(self, q: ProfileSpec, workload: str, fresh: Any) -> AcceptPrediction | None:
+        cands: list[tuple[tuple[int, int, float], ProfileSpec, Estimate]] = []
+        for p in self.specs.values():
+            if p.name == q.name or not cross_predictable(p, q):
+                continue
+            e = self.estimate(p.name, workload)
+            if e is None:
+                continue
+            t = self.last_t_s(p.name, workload)
+            key = (0 if fresh(t) else 1, 0 if p.num_steps >= q.num_steps else 1, -e.n)
+            cands.append((key, p, e))
+        if not cands:
+            return None
+        cands.sort(key=lambda c: c[0])
+        _, p, e = cands[0]
+        t = self.last_t_s(p.name, workload)
+        gp, gq = p.num_steps, q.num_steps
+        hist = self.histogram(p.name)
+        if hist is not None and len(hist) == gp + 1:
+            lp_h, (mq, lq, hq) = self.hist_shape(p.name, gq)
+            if lp_h <= 1.0 + 1e-9:
+                return AcceptPrediction(
+                    Estimate(1.0, 1.0, 1.0 + (e.high - 1.0), e.n), "truncation", t
+                )
+            src = "truncation" if gq <= gp else "tail_model"
+            base = lp_h - 1.0
+            mean = 1.0 + (e.mean - 1.0) * (mq - 1.0) / base
+            low = 1.0 + (e.low - 1.0) * (lq - 1.0) / base
+            high = 1.0 + (e.high - 1.0) * (hq - 1.0) / base
+            est = Estimate(mean, max(1.0, min(low, mean)), min(gq + 1.0, max(high, mean)), e.n)
+            return AcceptPrediction(est, src, t)
+        se = (e.high - e.low) / (2 * Z90)
+        m, lo, hi = predict_from_mean(e.mean, gp, gq, se)
+        return AcceptPrediction(Estimate(m, lo, hi, e.n), "mean_model", t)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "half_life_s": self.half_life_s,
+            "min_windows": self.min_windows,
+            "min_verify": self.min_verify,
+            "min_hist_steps": self.min_hist_steps,
+            "profiles": [_spec_to_dict(s) for s in self.specs.values()],
+            "ratios": {p: {w: s.to_dict() for w, s in d.items()} for p, d in self.ratios.items()},
+            "hists": {p: h.to_dict() for p, h in self.hists.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AcceptLength:
+        obj = cls(
+            [_spec_from_dict(s) for s in d["profiles"]],
+            half_life_s=d["half_life_s"],
+            min_windows=d["min_windows"],
+            min_verify=d["min_verify"],
+            min_hist_steps=d["min_hist_steps"],
+        )
+        for p, ws in d["ratios"].items():
+            obj.ratios[p] = {w: _RatioStats.from_dict(s) for w, s in ws.items()}
+        for p, h in d["hists"].items():
+            obj.hists[p] = _HistStats.from_dict(h)
+        return obj
+
+
+# --------------------------------------------------------------------------------------------
+# Traffic: concurrency and workload mix
+
+
+class Concurrency:
+    """Batch size being served: step-weighted mean of the moments' batch sizes per window
+    (sum_bs / n_steps), else the running-requests gauge; forgotten with a short half-life so it
+    describes the traffic now."""
+
+    def __init__(self, half_life_s: float = 30.0) -> None:
+        self.half_life_s = float(half_life_s)
+        self.w = 0.0
+        self.wb = 0.0
+        self.last_t_s: float | None = None
+
+    @staticmethod
+    def window_batch(obs: Observation) -> float | None:
+        m = obs.moments
+        if m is not None and m.n_steps > 0 and _finite(m.sum_bs, m.n_steps):
+            b = m.sum_bs / m.n_steps
+            return b if b >= 1.0 - 1e-9 else None
+        if obs.running_reqs is not None and math.isfinite(obs.running_reqs):
+            return obs.running_reqs
+        return None
+
+    def update(self, obs: Observation) -> float | None:
+        b = self.window_batch(obs)
+        if b is None:
+            return None
+        lam = _decay(obs.window_s, self.half_life_s)
+        self.w = self.w * lam + 1.0
+        self.wb = self.wb * lam + b
+        self.last_t_s = obs.t_s
+        return b
+
+    def estimate(self) -> float | None:
+        return self.wb / self.w if self.w > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "half_life_s": self.half_life_s,
+            "w": self.w,
+            "wb": self.wb,
+            "last_t_s": self.last_t_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Concurrency:
+        obj = cls(d["half_life_s"])
+        obj.w, obj.wb, obj.last_t_s = float(d["w"]), float(d["wb"]), d.get("last_t_s")
+        return obj
+
+
+class WorkloadMix:
+    """Generated-token share per workload over recent windows (profile-independent: a request
+    produces the same tokens whatever the speculation)."""
+
+    def __init__(self, half_life_s: float = 120.0) -> None:
+        self.half_life_s = float(half_life_s)
+        self.tokens: dict[str, float] = {}
+
+    def update(self, obs: Observation) -> None:
+        lam = _decay(obs.window_s, self.half_life_s)
+        for k in self.tokens:
+            self.tokens[k] *= lam
+        for w in obs.workloads:
+            g = w.generation_tokens
+            if g is not None and math.isfinite(g) and g > 0:
+                self.tokens[w.workload] = self.tokens.get(w.workload, 0.0) + g
+        # Drop workloads that have faded out entirely: keeps the state small and JSON bounded.
+        self.tokens = {k: v for k, v in self.tokens.items() if v > 1e-6}
+
+    def shares(self) -> dict[str, float]:
+        tot = sum(self.tokens.values())
+        if tot <= 0:
+            return {}
+        return {k: v / tot for k, v in sorted(self.tokens.items()) if v / tot >= MIN_MIX_SHARE}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"half_life_s": self.half_life_s, "tokens": dict(self.tokens)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> WorkloadMix:
+        obj = cls(d["half_life_s"])
+        obj.tokens = {k: float(v) for k, v in d["tokens"].items()}
+        return obj
+
+
+# --------------------------------------------------------------------------------------------
+# Throughput
+
+
+@dataclass(frozen=True)
+class WindowSignals:
+    """What one window says, for change detection (None where unknown)."""
+
+    batch: float | None
+    accept_length: float | None
+    cycle_ratio: float | None  # window step time / prediction before it at the window's B
+    step_s: float | None  # window mean step time
+    output_tok_s: float | None
+
+
+class ThroughputModel:
+    """Everything the policy believes, composed: `observe` feeds a window to every estimator;
+    `predict(profile, batch, mix)` gives tok/s = B x E[L] / T_cycle(B) (baseline: B / T(B, 1))
+    with an interval from the parts and the break-even accept length next to the observed one."""
+
+    def __init__(
+        self,
+        profiles: Sequence[ProfileSpec],
+        cycle_half_life_s: float = 1800.0,
+        accept_half_life_s: float = 1800.0,
+        concurrency_half_life_s: float = 30.0,
+        mix_half_life_s: float = 120.0,
+        observed_half_life_s: float = 60.0,
+        min_windows: int = 3,
+        min_steps: float = 20.0,
+        min_verify: float = 200.0,
+        min_hist_steps: float = 200.0,
+    ) -> None:
+        names = [p.name for p in profiles]
+        if len(set(names)) != len(names) or not names:
+            raise ValueError(f"profiles must be a non-empty list of unique names, got {names}")
+        self.specs = {p.name: p for p in profiles}
+        self.cycle = CycleTimeSurface(profiles, cycle_half_life_s, min_windows, min_steps)
+        self.accept = AcceptLength(
+            profiles, accept_half_life_s, min_windows, min_verify, min_hist_steps
+        )
+        self.concurrency = Concurrency(concurrency_half_life_s)
+        self.mix = WorkloadMix(mix_half_life_s)
+        self.observed_half_life_s = float(observed_half_life_s)
+        self.observed: dict[str, tuple[float, float]] = {}  # profile -> (w, w * tok_s)
+
+    def observe(self, obs: Observation) -> WindowSignals:
+        """Feed one same-profile window (the caller skips reset/profile-change windows)."""
+        if obs.profile not in self.specs:
+            raise KeyError(f"unknown profile {obs.profile!r}")
+        batch = self.concurrency.update(obs)
+        self.mix.update(obs)
+        ratio = step_s = None
+        if obs.moments is not None:
+            ratio = self.cycle.update(obs.profile, obs.moments, obs.t_s, obs.window_s)
+            if obs.moments.n_steps > 0:
+                step_s = obs.moments.sum_step_s / obs.moments.n_steps
+        L = self.accept.update(obs)
+        tok = obs.output_tok_s
+        if tok is not None and math.isfinite(tok) and tok >= 0:
+            lam = _decay(obs.window_s, self.observed_half_life_s)
+            w, wt = self.observed.get(obs.profile, (0.0, 0.0))
+            self.observed[obs.profile] = (w * lam + 1.0, wt * lam + tok)
+        return WindowSignals(batch, L, ratio, step_s, tok)
+
+    def observed_tok_s(self, profile: str) -> float | None:
+        w, wt = self.observed.get(profile, (0.0, 0.0))
+        return wt / w if w > 0 else None
+
+    def accept_for_mix(
+        self, profile: str, mix: Mapping[str, float], fresh_since_s: float | None
+    ) -> tuple[Estimate, str, float | None] | None:
+        """E[L] of `profile` under a token-share mix: token-weighted harmonic mean of the
+        per-workload predictions (interval ends combined end to end: conservative). Falls back
+        to the profile's all-workload aggregate when a workload in the mix has no prediction."""
+        shares = {k: v for k, v in mix.items() if v > 0}
+        parts: list[tuple[float, AcceptPrediction]] = []
+        if shares:
+            for w, s in shares.items():
+                ap = self.accept.predict(profile, w, fresh_since_s)
+                if ap is None:
+                    parts = []
+                    break
+                parts.append((s, ap))
+        if not parts:
+            ap = self.accept.predict(profile, AGGREGATE, fresh_since_s)
+            if ap is None:
+                return None
+            return ap.estimate, ap.source, ap.data_t_s
+        tot = sum(s for s, _ in parts)
+
+        def hmean(vals: Iterable[tuple[float, float]]) -> float:
+            return tot / sum(s / v for s, v in vals)
+
+        mean = hmean((s, ap.estimate.mean) for s, ap in parts)
+        low = hmean((s, ap.estimate.low) for s, ap in parts)
+        high = hmean((s, ap.estimate.high) for s, ap in parts)
+        sources = sorted({ap.source for _, ap in parts})
+        times = [ap.data_t_s for _, ap in parts if ap.data_t_s is not None]
+        n = min(ap.estimate.n for _, ap in parts)
+        return Estimate(mean, low, high, n), "+".join(sources), min(times) if times else None
+
+    def predict(
+        self,
+        profile: str,
+        batch: float | None = None,
+        mix: Mapping[str, float] | None = None,
+        fresh_since_s: float | None = None,
+        stale_widen: float = 2.0,
+    ) -> ProfilePrediction:
+        """tok/s of `profile` at `batch` (default: the concurrency now) and `mix` (default: the
+        mix now). Parts whose newest data predates `fresh_since_s` (a change point) have their
+        interval widened by `stale_widen`."""
+        if profile not in self.specs:
+            raise KeyError(f"unknown profile {profile!r}")
+        spec = self.specs[profile]
+        b = batch if batch is not None else self.concurrency.estimate()
+        mx = dict(mix) if mix is not None else self.mix.shares()
+        observed = self.observed_tok_s(profile)
+        if b is None or b <= 0:
+            return ProfilePrediction(profile, None, observed_tok_s=observed, source="no_traffic")
+        cyc = self.cycle.estimate(profile, b)
+        acc = self.accept_for_mix(profile, mx, fresh_since_s)
+        base_name = self._baseline_name()
+        base = self.cycle.estimate(base_name, b) if base_name is not None else None
+        breakeven = None
+        if cyc is not None and base is not None and spec.speculative:
+            breakeven = cyc.mean / base.mean
+        if cyc is None or acc is None:
+            return ProfilePrediction(
+                profile,
+                None,
+                accept_length=acc[0] if acc else None,
+                cycle_s=cyc,
+                breakeven_accept_length=breakeven,
+                observed_tok_s=observed,
+                source="insufficient",
+            )
+        L, src_a, t_a = acc
+        cyc_src = "observed" if self.cycle.has_data(profile) else "surface"
+        t_c = self.cycle.last_t_s(profile)
+        # A surface prediction's uncertainty is already the model's; staleness widens own data.
+        stale_c = (
+            cyc_src == "observed"
+            and fresh_since_s is not None
+            and (t_c is None or t_c < fresh_since_s)
+        )
+        stale_a = (
+            spec.speculative and fresh_since_s is not None and (t_a is None or t_a < fresh_since_s)
+        )
+        if stale_c:
+            cyc = _widen(cyc, stale_widen, floor=cyc.mean * 1e-3)
+        if stale_a:
+            L = _widen(L, stale_widen, floor=1.0)
+        mean = b * L.mean / cyc.mean
+        low = b * L.low / cyc.high if math.isfinite(cyc.high) else 0.0
+        high = b * L.high / cyc.low
+        tok = Estimate(mean, min(low, mean), max(high, mean), min(L.n, cyc.n))
+        src = cyc_src if src_a in ("baseline", "observed") else f"{src_a}+{cyc_src}"
+        if stale_a or stale_c:
+            src += "+stale"
+        return ProfilePrediction(
+            profile,
+            tok,
+            accept_length=L,
+            cycle_s=cyc,
+            breakeven_accept_length=breakeven,
+            observed_tok_s=observed,
+            source=src,
+        )
+
+    def _baseline_name(self) -> str | None:
+        for p in self.specs.values():
+            if not p.speculative:
+                return p.name
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cycle": self.cycle.to_dict(),
+            "accept": self.accept.to_dict(),
+            "concurrency": self.concurrency.to_dict(),
+            "mix": self.mix.to_dict(),
+            "observed_half_life_s": self.observed_half_life_s,
+            "observed": {k: list(v) for k, v in self.observed.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ThroughputModel:
+        obj = cls.__new__(cls)
+        obj.cycle = CycleTimeSurface.from_dict(d["cycle"])
+        obj.specs = dict(obj.cycle.specs)
+        obj.accept = AcceptLength.from_dict(d["accept"])
+        obj.concurrency = Concurrency.from_dict(d["concurrency"])
+        obj.mix = WorkloadMix.from_dict(d["mix"])
+        obj.observed_half_life_s = float(d["observed_half_life_s"])
+        obj.observed = {k: (float(v[0]), float(v[1])) for k, v in d["observed"].items()}
+        return obj
+
+
+def _widen(e: Estimate, factor: float, floor: float) -> Estimate:
+    return Estimate(
+        e.mean,
+        max(floor, e.mean - (e.mean - e.low) * factor),
+        e.mean + (e.high - e.mean) * factor,
+        e.n,
+    )
+
+
+def _spec_to_dict(p: ProfileSpec) -> dict[str, Any]:
+    return {
+        "name": p.name,
+        "num_steps": p.num_steps,
+        "draft_tokens": p.draft_tokens,
+        "topk": p.topk,
+        "algorithm": p.algorithm,
+        "adaptive": p.adaptive,
+        "candidate_steps": list(p.candidate_steps),
+    }
+
+
+def _spec_from_dict(d: Mapping[str, Any]) -> ProfileSpec:
+    return ProfileSpec(
+        name=d["name"],
+        num_steps=int(d["num_steps"]),
+        draft_tokens=int(d["draft_tokens"]),
+        topk=int(d["topk"]),
+        algorithm=d.get("algorithm"),
+        adaptive=bool(d.get("adaptive", False)),
+        candidate_steps=tuple(int(x) for x in d.get("candidate_steps", ())),
+    )
+
+
+spec_to_dict = _spec_to_dict
+spec_from_dict = _spec_from_dict
+
+__all__ = [
+    "AGGREGATE",
+    "UNLABELLED",
+    "AcceptLength",
+    "AcceptPrediction",
+    "Concurrency",
+    "CycleTimeSurface",
+    "SurfaceFit",
+    "ThroughputModel",
+    "WindowSignals",
+    "WorkloadMix",
+    "spec_from_dict",
+    "spec_to_dict",
+]
