@@ -20,7 +20,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 
 import uvicorn
-from prometheus_client import disable_created_metrics
 
 from simulator.engine import StepEngine
 from simulator.faults import START_FAIL_EXIT_CODE, Faults, crash_after
@@ -219,8 +218,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ValueError: {e}", file=sys.stderr)
         return 1
     device_timer = os.environ.get(DEVICE_TIMER_ENV, "").lower() in ("1", "true", "yes")
-    # SGLang's multiprocess exposition has no `_created` samples; match it.
-    disable_created_metrics()
     faults = Faults.from_flags(args.faults, spec)
     return asyncio.run(serve(args, profile, spec, workloads, faults, device_timer=device_timer))
 

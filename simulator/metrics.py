@@ -12,10 +12,12 @@ All durations it receives are simulated seconds.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from simulator.flags import ServerArgs
 
@@ -81,6 +83,21 @@ CONSTANT_GAUGES: dict[str, str] = {
     "num_pages": "Number of KV cache pages.",
     "context_len": "Maximum context length.",
 }
+
+
+class _MultiprocessView(Collector):
+    """The registry as SGLang's multiprocess collector exposes it: without the `_created`
+    samples a single-process registry adds to counters and histograms, and without families
+    that have no series yet (the multiprocess files only hold what was set)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            if family.samples:
+                yield family
 
 
 @dataclass
@@ -177,6 +194,7 @@ class SimMetrics:
         self.args = args
         self.device_timer = device_timer
         self.registry = CollectorRegistry()
+        self._view = _MultiprocessView(self.registry)
         self.rank_labels = scheduler_label_sets(args)
         # Only the stats-logging rank reports gauges and realtime tokens, unless every
         # scheduler is asked to (SchedulerMetricsCollector.init_new).
@@ -462,7 +480,7 @@ class SimMetrics:
     # ---- exposition -----------------------------------------------------------------------
     def exposition(self) -> bytes:
         self.flush_itl()
-        return generate_latest(self.registry)
+        return generate_latest(self._view)
 
 
 def _bool(flag: bool) -> str:
