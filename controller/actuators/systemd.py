@@ -1,0 +1,236 @@
+"""The systemd actuator: SGLang runs as a unit of its own (deploy/sglang@.service).
+
+Owns: the unit's EnvironmentFile (the profile's launch command, flags and environment, written
+atomically), `systemctl restart UNIT` to switch, the unit's state (`systemctl show`) for
+alive() and crash detection, the wait for /ready and the check of /server_info. systemd does the
+stopping (KillMode=control-group: SIGTERM, then SIGKILL after the unit's TimeoutStopSec), so the
+controller's own death never stops the server. Must not check advisory mode (the funnel does).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from pathlib import Path
+
+import httpx
+
+from controller.actuators import envfile
+from controller.actuators.base import ServerState, SwitchOutcome, SwitchResult, check_profile
+from controller.actuators.endpoint import Endpoint
+from controller.actuators.identify import describe_shape, matching_profiles
+from controller.actuators.subproc import CommandResult, run_command
+from controller.clock import Clock
+from controller.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ENV_PROFILE = "SPECPILOT_PROFILE"
+ENV_LAUNCH = "SGLANG_LAUNCH"  # the launch command (python -m sglang.launch_server), shell-quoted
+ENV_ARGS = "SGLANG_ARGS"  # every flag: common, the profile's, --host/--port, shell-quoted
+# The unit's ExecStart= runs: /bin/sh -c 'eval "exec $SGLANG_LAUNCH $SGLANG_ARGS"'
+SYSTEMCTL = "systemctl"
+# Server seconds a systemctl call may take beyond the unit's own stop timeout (systemctl restart
+# returns once the old process is gone and the new one is forked).
+_SYSTEMCTL_MARGIN_S = 30.0
+_ACTIVE_STATES = ("active", "activating", "reloading", "deactivating")
+
+
+def env_assignments(settings: Settings, profile: str) -> dict[str, str]:
+    """What the unit's environment file holds for `profile`: [server].env, the profile's env,
+    then SPECPILOT_PROFILE, SGLANG_LAUNCH and SGLANG_ARGS (reserved: they win)."""
+    argv = settings.launch_argv(profile)
+    n_launch = len(settings.server.launch)
+    out = dict(settings.server.env)
+    out.update(settings.profiles[profile].env)
+    for reserved in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        out.pop(reserved, None)
+    out[ENV_PROFILE] = profile
+    out[ENV_LAUNCH] = shlex.join(argv[:n_launch])
+    out[ENV_ARGS] = shlex.join(argv[n_launch:])
+    return out
+
+
+def env_file_text(settings: Settings, profile: str) -> str:
+    return envfile.render(
+        env_assignments(settings, profile),
+        header=f"Written by specpilot for profile {profile!r}; rewritten at every switch.\n"
+        f"Unit: {settings.server.systemd_unit}",
+    )
+
+
+class SystemdActuator:
+    def __init__(self, settings: Settings, clock: Clock, client: httpx.AsyncClient) -> None:
+        self.settings = settings
+        self.server = settings.server
+        self.clock = clock
+        self.specs = settings.profile_specs()
+        self.endpoint = Endpoint(client, self.server.host, self.server.port, clock)
+        self.unit = self.server.systemd_unit
+        self.env_path = Path(self.server.systemd_env_file)
+
+    async def _systemctl(self, *args: str, timeout_s: float | None = None) -> CommandResult:
+        t = timeout_s if timeout_s is not None else _SYSTEMCTL_MARGIN_S
+        return await run_command([SYSTEMCTL, *args], self.clock, t)
+
+    async def unit_state(self) -> dict[str, str]:
+        """ActiveState, SubState, MainPID, ExecMainStatus, EnvironmentFiles of the unit."""
+        r = await self._systemctl(
+            "show",
+            self.unit,
+            "--property=ActiveState,SubState,MainPID,ExecMainStatus,EnvironmentFiles",
+        )
+        if not r.ok:
+            return {}
+        return dict(ln.split("=", 1) for ln in r.stdout.splitlines() if "=" in ln)
+
+    def configured_profile(self) -> str | None:
+        """The profile the environment file names (what the unit starts next)."""
+        try:
+            return envfile.parse(self.env_path.read_text()).get(ENV_PROFILE)
+        except OSError:
+            return None
+
+    def _identify(self, info: object) -> str | None:
+        if not isinstance(info, dict):
+            return None
+        names = matching_profiles(info, self.specs)
+        if len(names) == 1:
+            return names[0]
+        configured = self.configured_profile()
+        return configured if configured in names else None
+
+    async def probe(self) -> ServerState:
+        state = await self.unit_state()
+        pid = int(state.get("MainPID", "0") or 0) or None
+        info = await self.endpoint.server_info()
+        unit_line = f"{self.unit} {state.get('ActiveState', '?')}/{state.get('SubState', '?')}"
+        if info is None:
+            up = await self.endpoint.port_open()
+            return ServerState(up, None, pid, None, f"{unit_line}; /server_info does not answer")
+        profile = self._identify(info)
+        detail = f"{unit_line}; up" + ("" if profile else f" ({describe_shape(info)})")
+        return ServerState(True, profile, pid, info, detail)
+
+    async def alive(self) -> bool:
+        state = await self.unit_state()
+        if not state:  # systemctl itself failed: fall back to the port
+            return await self.endpoint.port_open()
+        return state.get("ActiveState") in _ACTIVE_STATES
+
+    async def shutdown(self) -> None:
+        """The server is its own unit: the controller stopping never stops it."""
+        return None
+
+    def _unit_reads_env_file(self, state: dict[str, str]) -> str | None:
+        """An objection when the unit does not read the file this controller writes (a switch
+        would then restart the server into the old profile and look like a failure)."""
+        files = state.get("EnvironmentFiles", "")
+        if not files:
+            return None  # systemctl of this host does not report it
+        listed = [tok for tok in files.split() if tok.startswith("/")]
+        if listed and os.path.realpath(self.env_path) not in {os.path.realpath(f) for f in listed}:
+            return (
+                f"{self.unit} reads EnvironmentFile {', '.join(listed)}, not "
+                f"server.systemd_env_file {self.env_path}: fix one of them"
+            )
+        return None
+
+    async def start(self, profile: str) -> SwitchResult:
+        check_profile(profile, self.settings.profiles)
+        current = await self.probe()
+        if current.up:
+            if current.profile == profile:
+                return SwitchResult(
+                    SwitchOutcome.OK, profile, profile, 0.0, server_args=current.server_args
+                )
+            return SwitchResult(
+                SwitchOutcome.REFUSED_BUSY,
+                current.profile,
+                profile,
+                0.0,
+                error=f"a server is already up on port {self.server.port} ({current.detail}): "
+                "switch to change its profile",
+                server_args=current.server_args,
+            )
+        return await self._restart(profile, None, drain=False)
+
+    async def switch(self, profile: str) -> SwitchResult:
+        check_profile(profile, self.settings.profiles)
+        current = await self.probe()
+        return await self._restart(
+            profile, current.profile if current.up else None, drain=current.up
+        )
+
+    async def _restart(self, profile: str, from_profile: str | None, drain: bool) -> SwitchResult:
+        def result(outcome: SwitchOutcome, t0: float, error: str | None = None) -> SwitchResult:
+            return SwitchResult(outcome, from_profile, profile, self.clock.monotonic() - t0, error)
+
+        state = await self.unit_state()
+        objection = self._unit_reads_env_file(state)
+        t_begin = self.clock.monotonic()
+        if objection:
+            return result(SwitchOutcome.UNKNOWN, t_begin, objection)
+        try:
+            envfile.write_atomic(self.env_path, env_file_text(self.settings, profile))
+        except (OSError, ValueError) as e:
+            return result(SwitchOutcome.UNKNOWN, t_begin, f"cannot write {self.env_path}: {e}")
+        if drain:
+            log.info("%s", await self.endpoint.drain(self.server.drain_timeout_s))
+        t0 = self.clock.monotonic()
+        r = await self._systemctl(
+            "restart", self.unit, timeout_s=self.server.stop_timeout_s + _SYSTEMCTL_MARGIN_S
+        )
+        if not r.ok:
+            # The old server was (maybe) stopped and the new one did not start: ask the unit.
+            after = await self.unit_state()
+            if after.get("ActiveState") in ("failed", "inactive"):
+                return result(SwitchOutcome.START_FAILED, t0, r.describe())
+            return result(SwitchOutcome.UNKNOWN, t0, r.describe())
+
+        async def exited() -> str | None:
+            s = await self.unit_state()
+            if s.get("ActiveState") in ("failed", "inactive"):
+                return (
+                    f"{self.unit} is {s.get('ActiveState')}/{s.get('SubState')} "
+                    f"(exit status {s.get('ExecMainStatus', '?')}) while starting"
+                )
+            return None
+
+        wait = await self.endpoint.wait_ready(
+            t0 + self.server.start_timeout_s, exited, lambda info: None
+        )
+        if wait.status == "exited":
+            return result(SwitchOutcome.START_FAILED, t0, await self._with_journal(wait.detail))
+        if wait.status == "timeout":
+            why = f"not ready within start_timeout_s={self.server.start_timeout_s:g} s"
+            stop = await self._systemctl(
+                "stop", self.unit, timeout_s=self.server.stop_timeout_s + _SYSTEMCTL_MARGIN_S
+            )
+            if not stop.ok:
+                return result(SwitchOutcome.UNKNOWN, t0, f"{why}; {stop.describe()}")
+            return result(SwitchOutcome.START_FAILED, t0, await self._with_journal(why))
+        info = wait.server_info or {}
+        names = matching_profiles(info, self.specs)
+        downtime = self.clock.monotonic() - t0
+        if profile not in names:
+            return SwitchResult(
+                SwitchOutcome.UNKNOWN,
+                from_profile,
+                profile,
+                downtime,
+                error=f"{self.unit} is up but /server_info shows {describe_shape(info)}, which "
+                f"matches {names or 'no profile'}, not {profile!r}",
+                server_args=info,
+            )
+        return SwitchResult(SwitchOutcome.OK, from_profile, profile, downtime, server_args=info)
+
+    async def _with_journal(self, why: str | None) -> str:
+        r = await run_command(
+            ["journalctl", "--unit", self.unit, "--lines", "30", "--no-pager", "--output", "cat"],
+            self.clock,
+            _SYSTEMCTL_MARGIN_S,
+        )
+        tail = r.stdout.strip() if r.ok else ""
+        return f"{why}; journal:\n{tail}" if tail else f"{why or 'failed'}"

@@ -1,0 +1,2 @@
+"""Fakes for the actuator tests: a minimal SGLang-like HTTP server, a fake `systemctl` and a fake
+orchestrator command. Test code only."""
