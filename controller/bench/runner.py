@@ -1,0 +1,133 @@
+"""One bench run of one scenario: measurements, oracles, every policy's replay, the result rows.
+
+Owns the order of work and which replays are shared (a static policy on the initial profile is
+exactly the measurement replay of that profile: same seeds, no restart) and the policy names of
+the report: `specpilot`, `oracle_dp`, `oracle_free`, `best_static`, `static:<profile>`,
+`sglang_adaptive`, `vllm_batch_threshold`, `greedy`, `ucb`.
+Must not: render (report.py) or parse arguments (cli.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from controller.bench import peers
+from controller.bench.harness import Replay, replay
+from controller.bench.metrics import Row, make_row
+from controller.bench.oracles import Measurements, measure, oracle_dp, oracle_free, phase_rates
+from controller.bench.scenario import Scenario
+
+ORACLES = ("oracle_dp", "oracle_free")
+PEERS = ("sglang_adaptive", "vllm_batch_threshold", "greedy", "ucb")
+
+
+def policy_names(scenario: Scenario) -> list[str]:
+    """Every row name, in report order."""
+    return [
+        "specpilot",
+        *ORACLES,
+        "best_static",
+        *(f"static:{p}" for p in scenario.profiles),
+        *PEERS,
+    ]
+
+
+def _make(name: str) -> peers.BenchPolicy:
+    factories: dict[str, Callable[[], peers.BenchPolicy]] = {
+        "specpilot": peers.Specpilot,
+        "sglang_adaptive": peers.sglang_adaptive,
+        "vllm_batch_threshold": peers.BatchThreshold,
+        "greedy": peers.Greedy,
+        "ucb": peers.UCB,
+    }
+    return factories[name]()
+
+
+@dataclass
+class ScenarioResult:
+    scenario: Scenario
+    rows: list[Row]
+    replays: dict[str, Replay]  # row name -> replay (oracles synthesised)
+    measurements: Measurements
+    wall_s: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)  # replay name -> seconds
+
+
+def run_scenario(
+    scenario: Scenario,
+    policies: Sequence[str] | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> ScenarioResult:
+    """Measure, compute the oracles, replay the selected policies (all by default; the static
+    profiles and the oracles always, since every ratio needs them) and build the rows."""
+    t0 = time.perf_counter()
+    known = policy_names(scenario)
+    wanted = list(known) if policies is None else list(policies)
+    for w in wanted:
+        if w not in known:
+            raise ValueError(f"unknown policy {w!r} (known: {', '.join(known)})")
+    say = progress or (lambda _m: None)
+
+    say(f"{scenario.name}: measuring {len(scenario.profiles)} profiles")
+    m = measure(scenario)
+    timings = {f"measure:{p}": r.wall_s for p, r in m.replays.items()}
+    sim = scenario.sim_profile()
+    catalog = scenario.catalog()
+    restart = {p: float(sim.restart_s(catalog[p].sim)) for p in scenario.profiles}
+    reps: dict[str, Replay] = {}
+    free, dp = oracle_free(m), oracle_dp(m, restart)
+    reps["oracle_free"], reps["oracle_dp"] = free.replay, dp.replay
+
+    for p in scenario.profiles:
+        name = f"static:{p}"
+        if p == scenario.initial_profile:
+            reps[name] = m.replays[p]
+        else:
+            say(f"{scenario.name}: {name}")
+            reps[name] = replay(scenario, peers.Static(p))
+            timings[name] = reps[name].wall_s
+    statics = [f"static:{p}" for p in scenario.profiles]
+    best_static_name = max(statics, key=lambda n: reps[n].tokens)
+    reps["best_static"] = reps[best_static_name]
+
+    for name in ("specpilot", *PEERS):
+        if name in wanted:
+            say(f"{scenario.name}: {name}")
+            reps[name] = replay(scenario, _make(name))
+            timings[name] = reps[name].wall_s
+
+    # Measured rates: the candidates from their measurement runs, any other profile (the
+    # adaptive peer's) from the replays that ran it.
+    rates = dict(m.rates)
+    extra = phase_rates(scenario, [r for n, r in reps.items() if n in PEERS])
+    for p, r in extra.items():
+        rates.setdefault(p, r)
+    m.rates = rates
+
+    rows = []
+    for name in known:
+        if name not in wanted or name not in reps:
+            continue
+        rep = reps[name]
+        rows.append(
+            make_row(
+                scenario,
+                rates,
+                rep,
+                policy=name,
+                oracle_dp_tokens=dp.tokens,
+                best_static_tokens=reps["best_static"].tokens,
+                wall_s=rep.wall_s,
+            )
+        )
+    return ScenarioResult(
+        scenario=scenario,
+        rows=rows,
+        replays=reps,
+        measurements=m,
+        wall_s=time.perf_counter() - t0,
+        timings=timings,
+    )
