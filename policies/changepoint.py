@@ -117,9 +117,10 @@ class CusumDetector:
     hi_n: int = 0
     lo_sum: float = 0.0
     lo_n: int = 0
-    prev_mean: float = math.nan
+    prev_mean: float | None = None
     established: bool = False
     lr_factor: float = 1.0  # long-run / difference-based sigma, kept across regimes
+    lr_n: int = 0  # updates behind lr_factor
 
     def sigma(self) -> float:
         """Long-run noise scale of the window sum the CUSUM accumulates."""
@@ -131,7 +132,8 @@ class CusumDetector:
             s_reg = math.sqrt(self.var)
             rho = min(max(1.0 - (s_diff / max(s_reg, 1e-300)) ** 2, 0.0), MAX_RHO)
             factor = max(1.0, s_reg / s_diff) * math.sqrt((1.0 + rho) / (1.0 - rho))
-            self.lr_factor += (factor - self.lr_factor) / min(self.n, SIGMA_MEMORY_WINDOWS)
+            self.lr_n += 1
+            self.lr_factor += (factor - self.lr_factor) / min(self.lr_n, SIGMA_MEMORY_WINDOWS)
         s = max(s_diff * self.lr_factor, self.rel_sigma_floor * abs(self.mean), 1e-12)
         return s * math.sqrt(1.0 + 1.0 / max(self.n, 1))
 
@@ -167,11 +169,17 @@ class CusumDetector:
         if not math.isfinite(x):
             return None
         self._diff(x)
-        if self.n < self.warmup:
+        # The first regime a detector sees also has to learn the noise's autocorrelation
+        # before it may alarm; later regimes inherit it.
+        warmup = self.warmup if self.lr_n > 0 else max(self.warmup, LR_MIN_WINDOWS)
+        if self.n < warmup:
             self._absorb(x)
             if self.n >= self.warmup and not self.established:
                 self.established = True
-                return CusumEvent("established", t_s, self.prev_mean, self.mean, self.n)
+                before = math.nan if self.prev_mean is None else self.prev_mean
+                return CusumEvent("established", t_s, before, self.mean, self.n)
+            if self.n >= LR_MIN_WINDOWS:
+                self.sigma()  # learn the long-run factor while still warming up
             return None
         z = (x - self.mean) / self.sigma()
         z = max(-self.z_clip, min(self.z_clip, z))

@@ -107,6 +107,7 @@ class LineStats:
     windows2: float = 0.0  # forgotten sum of squared window weights (effective n)
     res_w: float = 0.0  # forgotten count of prequential residuals
     res_ss: float = 0.0  # forgotten sum of squared prequential residuals (seconds^2)
+    count: int = 0  # windows since the last discount (the minimum-data rule counts these)
     last_t_s: float | None = None
     rejected: int = 0
 
@@ -251,6 +252,7 @@ class CycleTimeSurface:
         st.sxy += m.sum_bs_step_s
         st.windows += 1.0
         st.windows2 += 1.0
+        st.count += 1
         st.last_t_s = t_s
         self._steps_since_fit += n
         total = sum(x.s0 for x in self.stats.values())
@@ -264,13 +266,15 @@ class CycleTimeSurface:
     def discount(self, profile: str, factor: float) -> None:
         """Keep only `factor` of a profile's evidence (a new boot, a detected drift): old data
         becomes a weak prior that fresh windows outweigh within a few polls."""
-        self.stats[profile].scale(min(max(factor, 0.0), 1.0))
+        st = self.stats[profile]
+        st.scale(min(max(factor, 0.0), 1.0))
+        st.count = 0
         self._fit_dirty = True
 
     # -- queries
     def has_data(self, profile: str) -> bool:
         st = self.stats[profile]
-        return st.windows >= self.min_windows and st.s0 >= self.min_steps
+        return st.count >= self.min_windows and st.s0 >= self.min_steps
 
     def last_t_s(self, profile: str) -> float | None:
         return self.stats[profile].last_t_s
@@ -449,6 +453,7 @@ class _RatioStats:
     wll: float = 0.0  # sum (gen - requests)^2 / verify  (= sum v * L_w^2)
     v2: float = 0.0  # sum verify^2 (effective number of windows)
     windows: float = 0.0
+    count: int = 0  # windows since the last discount (the minimum-data rule counts these)
     last_t_s: float | None = None
     rejected: int = 0
 
@@ -547,6 +552,7 @@ class AcceptLength:
         st.wll += (gen - req) ** 2 / ver
         st.v2 += ver * ver
         st.windows += 1.0
+        st.count += 1
         st.last_t_s = t_s
         return L
 
@@ -595,6 +601,7 @@ class AcceptLength:
         f = min(max(factor, 0.0), 1.0)
         for st in self.ratios[profile].values():
             st.scale(f)
+            st.count = 0
         hs = self.hists[profile]
         hs.counts = [c * f for c in hs.counts]
         self._shape.pop(profile, None)
@@ -625,7 +632,7 @@ class AcceptLength:
         if not spec.speculative or spec.num_steps < 1:
             return Estimate(1.0, 1.0, 1.0, math.inf)
         st = self.ratios[profile].get(workload)
-        if st is None or st.windows < self.min_windows or st.w < self.min_verify:
+        if st is None or st.count < self.min_windows or st.w < self.min_verify:
             return None
         g = max(spec.num_steps, max(spec.candidate_steps, default=0))
         L = st.wl / st.w

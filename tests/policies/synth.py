@@ -53,7 +53,11 @@ class Synth:
         self.rng = np.random.default_rng(self.seed)
 
     def true_tok_s(
-        self, spec: ProfileSpec, batch: float, alphas: Mapping[str, float], shares: Mapping[str, float]
+        self,
+        spec: ProfileSpec,
+        batch: float,
+        alphas: Mapping[str, float],
+        shares: Mapping[str, float],
     ) -> float:
         n = max(spec.draft_tokens, 1)
         t = float(self.cost.step_s(batch, n))
@@ -155,7 +159,11 @@ def to_snapshot(prev: Snapshot | None, obs: Observation) -> Snapshot:
     m = obs.moments
     assert m is not None
     vec = (m.n_steps, m.sum_bs, m.sum_step_s, m.sum_bs2, m.sum_bs_step_s, m.sum_generated)
-    mom = tuple(a + b for a, b in zip(prev.moments, vec, strict=True)) if prev and prev.moments else vec
+    mom = (
+        tuple(a + b for a, b in zip(prev.moments, vec, strict=True))
+        if prev and prev.moments
+        else vec
+    )
     hist = obs.accepted_drafts_hist
     if hist is not None and prev is not None and prev.accepted_drafts_hist is not None:
         hist = tuple(a + b for a, b in zip(prev.accepted_drafts_hist, hist, strict=True))

@@ -1,0 +1,136 @@
+import json
+import os
+
+import numpy as np
+import pytest
+
+from policies.changepoint import (
+    ChangeMonitor,
+    CusumDetector,
+    RegimeDurations,
+    acceptance_finding,
+    drift_finding,
+)
+from policies.decide import PolicySettings, decide, initial_state
+from policies.types import Overrides
+from tests.policies.synth import E2, PROFILES, Synth
+
+LONG = os.environ.get("SPECPILOT_LONG") == "1"
+
+
+def stream(
+    rng: np.random.Generator, n: int, level: float, sd: float, ar: float = 0.0
+) -> np.ndarray:
+    e = np.zeros(n)
+    x = 0.0
+    for i in range(n):
+        x = ar * x + rng.standard_normal() * np.sqrt(1 - ar * ar)
+        e[i] = x
+    return level + sd * e
+
+
+def first_change(det: CusumDetector, xs: np.ndarray, start: int = 0) -> int | None:
+    for i, x in enumerate(xs):
+        ev = det.update(float(x), float(i))
+        if ev is not None and ev.kind == "change" and i >= start:
+            return i
+    return None
+
+
+@pytest.mark.parametrize("step_sigmas", [5.0, 8.0, -5.0, 20.0, -40.0])
+def test_step_change_detected_within_three_windows(step_sigmas: float) -> None:
+    delays = []
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        xs = stream(rng, 300, 2.0, 0.05)
+        xs[200:] += step_sigmas * 0.05
+        i = first_change(CusumDetector(), xs)
+        assert i is not None and i >= 200, (seed, i)
+        delays.append(i - 200 + 1)
+    assert max(delays) <= 3, delays
+
+
+def test_field_size_changes_are_detected_fast() -> None:
+    # Verify 20 -> 30 ms and acceptance 47% -> 19% with 2% window noise.
+    for before, after in ((0.020, 0.030), (1.94, 1.38)):
+        rng = np.random.default_rng(1)
+        xs = stream(rng, 120, before, 0.02 * before)
+        xs[100:] = stream(rng, 20, after, 0.02 * after)
+        i = first_change(CusumDetector(), xs)
+        assert i is not None and 100 <= i <= 102
+
+
+def false_alarms(days: int, ar: float, seed0: int) -> float:
+    total = 0
+    for d in range(days):
+        rng = np.random.default_rng(seed0 + d)
+        mon = ChangeMonitor()
+        streams = {
+            "batch": stream(rng, 8640, 16.0, 0.4, ar),
+            "accept:eagle2": stream(rng, 8640, 2.1, 0.03),
+            "cycle:eagle2": stream(rng, 8640, 1.0, 0.02),
+            "cycle:baseline": stream(rng, 8640, 1.0, 0.02),
+        }
+        for i in range(8640):
+            for k, xs in streams.items():
+                ev = mon.update(k, float(xs[i]), 10.0 * i)
+                total += ev is not None and ev.kind == "change"
+    return total / days
+
+
+def test_false_alarms_below_one_per_simulated_day() -> None:
+    days = 8 if LONG else 2
+    assert false_alarms(days, 0.0, 100) < 1.0
+    # Autocorrelated concurrency (closed-loop clients) must not alarm either.
+    assert false_alarms(days, 0.3, 200) < 1.0
+
+
+def test_false_alarms_through_decide_on_stationary_traffic() -> None:
+    # The whole pipeline (synthetic windows -> estimators -> change detectors) for one day of
+    # 10 s windows on one profile with stationary traffic: no change findings.
+    syn = Synth(seed=42)
+    s = PolicySettings(explore=False)
+    state = initial_state(PROFILES, "eagle2", 0.0, s)
+    n = 8640 if LONG else 2000
+    changes = 0
+    for i in range(1, n + 1):
+        obs = syn.window(E2, 10.0 * i, 16, {"chat": 0.7, "code": 0.8}, {"chat": 0.6, "code": 0.4})
+        state, _ = decide(state, obs, 10.0 * i, s, Overrides())
+        changes += sum(f.kind == "change" for f in state.new_findings)
+    assert changes * 8640 / n < 1.0
+
+
+def test_monitor_history_and_reset_round_trip() -> None:
+    mon = ChangeMonitor(warmup=3)
+    rng = np.random.default_rng(0)
+    for i, x in enumerate(stream(rng, 50, 2.0, 0.01)):
+        mon.update("accept:x", float(x), float(i))
+    assert mon.history["accept:x"] and abs(mon.history["accept:x"][0] - 2.0) < 0.05
+    mon2 = ChangeMonitor.from_dict(json.loads(json.dumps(mon.to_dict())))
+    assert mon2.to_dict() == mon.to_dict()
+    mon.reset("accept:")
+    assert "accept:x" not in mon.detectors and mon.history["accept:x"]
+
+
+def test_expected_remaining_duration() -> None:
+    r = RegimeDurations(prior_mean_s=1800.0, prior_strength=1.0)
+    assert r.expected_remaining_s(0.0) == pytest.approx(1800.0)
+    # A regime that has lasted longer is expected to last longer (censored observation).
+    assert r.expected_remaining_s(3600.0) > r.expected_remaining_s(60.0)
+    # A history of short bursts pulls the expectation down towards their length.
+    for _ in range(10):
+        r.record(120.0)
+    assert r.expected_remaining_s(0.0) < 300.0
+    assert RegimeDurations.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+
+
+def test_findings_as_data() -> None:
+    f = drift_finding("cycle:eagle2", 0.020, 0.030, 5.0, 0.05, "s")
+    assert f is not None and f.kind == "drift" and f.ratio == pytest.approx(1.5)
+    assert drift_finding("baseline_tok_s", 89.0, 82.0, 5.0, 0.05) is not None
+    assert drift_finding("x", 1.0, 1.01, 5.0, 0.05) is None
+    # The field's wrong config: accept rate 47% -> 19% on a 2-step chain.
+    a = acceptance_finding("eagle2", [1.94, 1.95, 1.93], 1.38, 2, 0.6, 9.0)
+    assert a is not None and a.kind == "acceptance_low"
+    assert a.before == pytest.approx(0.47, abs=0.01) and a.after == pytest.approx(0.19)
+    assert acceptance_finding("eagle2", [1.94], 1.80, 2, 0.6, 9.0) is None

@@ -1,0 +1,226 @@
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.chain import expected_accept_length
+from policies.estimators import (
+    AGGREGATE,
+    AcceptLength,
+    CycleTimeSurface,
+    ThroughputModel,
+)
+from policies.types import DecodeMoments, Observation, WorkloadWindow
+from tests.policies.synth import BASE, E2, E5, PROFILES, Cost, Synth
+
+ALPHAS = {"chat": 0.65, "code": 0.85}
+MIX = {"chat": 0.5, "code": 0.5}
+
+
+def feed(model: ThroughputModel, syn: Synth, spec, t0: float, n: int, batch: float, **kw):  # type: ignore[no-untyped-def]
+    t = t0
+    for _ in range(n):
+        t += 10.0
+        model.observe(syn.window(spec, t, batch, kw.get("alphas", ALPHAS), kw.get("mix", MIX)))
+    return t
+
+
+def inside(e, x: float) -> bool:  # type: ignore[no-untyped-def]
+    return e.low <= x <= e.high
+
+
+def test_estimates_are_none_below_minimum_data() -> None:
+    syn = Synth(seed=1)
+    m = ThroughputModel(PROFILES, min_windows=3)
+    feed(m, syn, E2, 0, 2, 8)
+    assert m.cycle.estimate("eagle2", 8) is None
+    assert m.accept.estimate("eagle2") is None
+    assert m.predict("eagle2").tok_s is None
+    feed(m, syn, E2, 20, 1, 8)
+    assert m.cycle.estimate("eagle2", 8) is not None
+    assert m.accept.estimate("eagle2") is not None
+    assert m.predict("eagle2").tok_s is not None
+
+
+@given(st.integers(0, 2), st.integers(1, 40))
+@settings(max_examples=20, deadline=None)
+def test_estimate_none_iff_below_min_windows(n: int, seed: int) -> None:
+    syn = Synth(seed=seed)
+    m = ThroughputModel(PROFILES, min_windows=3)
+    feed(m, syn, E5, 0, n, 4)
+    assert m.cycle.estimate("eagle5", 4) is None
+    assert m.accept.estimate("eagle5") is None
+
+
+def test_own_cycle_line_recovers_truth_with_interval() -> None:
+    cost = Cost()
+    syn = Synth(cost=cost, seed=2, batch_jitter=3)
+    m = ThroughputModel(PROFILES)
+    feed(m, syn, BASE, 0, 30, 12)
+    for b in (10.0, 12.0, 14.0):
+        e = m.cycle.estimate("baseline", b)
+        assert e is not None and inside(e, float(cost.step_s(b, 1)))
+        assert e.high - e.low < 0.05 * e.mean
+
+
+def test_surface_predicts_unrun_profile_with_wider_interval() -> None:
+    cost = Cost()
+    syn = Synth(cost=cost, seed=3, batch_jitter=2)
+    m = ThroughputModel(PROFILES)
+    t = feed(m, syn, BASE, 0, 30, 8)
+    t = feed(m, syn, BASE, t, 30, 24)
+    feed(m, syn, E2, t, 30, 16)
+    assert m.cycle.estimate("eagle5", 16) is not None
+    for b in (8.0, 16.0, 24.0):
+        e5 = m.cycle.estimate("eagle5", b)
+        e2 = m.cycle.estimate("eagle2", b)
+        assert e5 is not None and e2 is not None
+        assert inside(e5, float(cost.step_s(b, 6))), (b, e5, float(cost.step_s(b, 6)))
+        assert (e5.high - e5.low) / e5.mean > (e2.high - e2.low) / e2.mean
+    assert m.predict("eagle5").source.endswith("surface")
+
+
+def test_surface_needs_baseline_and_speculative_data() -> None:
+    syn = Synth(seed=4)
+    m = ThroughputModel(PROFILES)
+    feed(m, syn, E2, 0, 10, 8)
+    # Only one profile has data: neither the baseline nor 5-step can be read off it.
+    assert m.cycle.estimate("baseline", 8) is None
+    assert m.cycle.estimate("eagle5", 8) is None
+
+
+def test_recency_weighting_follows_drift() -> None:
+    slow, fast = Cost(fixed_s=0.010), Cost(fixed_s=0.015)
+    m = ThroughputModel(PROFILES, cycle_half_life_s=300.0)
+    t = feed(m, Synth(cost=slow, seed=5), BASE, 0, 60, 4)
+    feed(m, Synth(cost=fast, seed=6), BASE, t, 150, 4)
+    e = m.cycle.estimate("baseline", 4)
+    # 1500 s at a 300 s half-life: 3% of the weight is still on the old level.
+    assert e is not None and e.mean == pytest.approx(float(fast.step_s(4, 1)), rel=0.02)
+
+
+def test_accept_length_corrects_for_the_prefill_token() -> None:
+    a = AcceptLength([E2], min_windows=1, min_verify=1)
+    # 10 requests, 100 verify steps accepting 1 draft each: L = 2, tokens = 100*2 + 10.
+    obs = Observation(
+        t_s=10,
+        window_s=10,
+        profile="eagle2",
+        workloads=(WorkloadWindow("chat", 210.0, 100.0, 10.0),),
+    )
+    assert a.update(obs) == pytest.approx(2.0)
+    e = a.estimate("eagle2", "chat")
+    assert e is not None and e.mean == pytest.approx(2.0)
+
+
+def test_impossible_windows_are_rejected() -> None:
+    a = AcceptLength([E2], min_windows=1, min_verify=1)
+    bad = Observation(
+        t_s=10,
+        window_s=10,
+        profile="eagle2",
+        workloads=(WorkloadWindow("chat", 500.0, 100.0, 0.0),),
+    )  # L = 5 > steps + 1 = 3
+    assert a.update(bad) is None
+    assert a.estimate("eagle2", "chat") is None
+    assert a.ratios["eagle2"]["chat"].rejected == 1
+    c = CycleTimeSurface([BASE], min_windows=1, min_steps=1)
+    # batch below one sequence per step; and sum B^2 < (sum B)^2 / n (impossible moments)
+    assert c.update("baseline", DecodeMoments(10, 5, 0.1, 5, 0.05, 5), 10, 10) is None
+    assert c.update("baseline", DecodeMoments(10, 40, 0.1, 100, 0.4, 40), 20, 10) is None
+    assert c.stats["baseline"].rejected == 2 and c.estimate("baseline", 4) is None
+
+
+def test_observed_accept_length_per_workload_matches_chain() -> None:
+    syn = Synth(seed=7)
+    m = ThroughputModel(PROFILES)
+    feed(m, syn, E2, 0, 20, 8)
+    for w, a in ALPHAS.items():
+        e = m.accept.estimate("eagle2", w)
+        assert e is not None and inside(e, float(expected_accept_length(a, 2)))
+
+
+def test_two_step_from_five_step_by_exact_truncation() -> None:
+    syn = Synth(seed=8)
+    m = ThroughputModel(PROFILES)
+    feed(m, syn, E5, 0, 20, 8, mix={"chat": 1.0})
+    p = m.accept.predict("eagle2", "chat")
+    assert p is not None and p.source == "truncation"
+    truth = float(expected_accept_length(ALPHAS["chat"], 2))
+    assert inside(p.estimate, truth)
+    assert p.estimate.mean == pytest.approx(truth, rel=0.01)
+
+
+def test_five_step_from_two_step_by_tail_model_is_wider() -> None:
+    syn = Synth(seed=9)
+    m = ThroughputModel(PROFILES)
+    feed(m, syn, E2, 0, 20, 8, mix={"chat": 1.0})
+    p5 = m.accept.predict("eagle5", "chat")
+    assert p5 is not None and p5.source == "tail_model"
+    assert inside(p5.estimate, float(expected_accept_length(ALPHAS["chat"], 5)))
+    own = m.accept.estimate("eagle2", "chat")
+    assert own is not None
+    assert p5.estimate.high - p5.estimate.low > own.high - own.low
+
+
+def test_means_only_cross_prediction_without_histograms() -> None:
+    syn = Synth(seed=10, with_hist=False)
+    m = ThroughputModel(PROFILES)
+    feed(m, syn, E5, 0, 20, 8, mix={"code": 1.0})
+    p = m.accept.predict("eagle2", "code")
+    assert p is not None and p.source == "mean_model"
+    assert inside(p.estimate, float(expected_accept_length(ALPHAS["code"], 2)))
+
+
+def test_throughput_prediction_and_breakeven() -> None:
+    cost = Cost()
+    syn = Synth(cost=cost, seed=11, batch_jitter=2)
+    m = ThroughputModel(PROFILES)
+    t = feed(m, syn, BASE, 0, 30, 8)
+    feed(m, syn, E5, t, 30, 8)
+    for spec in (BASE, E5, E2):
+        pr = m.predict(spec.name, batch=8, mix=MIX)
+        assert pr.tok_s is not None
+        truth = syn.true_tok_s(spec, 8, ALPHAS, MIX)
+        assert inside(pr.tok_s, truth), (spec.name, pr.tok_s, truth)
+    pr5 = m.predict("eagle5", batch=8, mix=MIX)
+    assert pr5.breakeven_accept_length == pytest.approx(
+        float(cost.step_s(8, 6) / cost.step_s(8, 1)), rel=0.02
+    )
+    assert m.predict("baseline", batch=8).breakeven_accept_length is None
+
+
+def test_concurrency_and_mix() -> None:
+    syn = Synth(seed=12)
+    m = ThroughputModel(PROFILES)
+    feed(m, syn, E2, 0, 30, 16, mix={"chat": 0.25, "code": 0.75})
+    b = m.concurrency.estimate()
+    assert b is not None and b == pytest.approx(16, rel=0.05)
+    sh = m.mix.shares()
+    assert sh["code"] == pytest.approx(0.75, abs=0.03)
+
+
+@given(st.integers(0, 12), st.integers(0, 12), st.integers(0, 100))
+@settings(max_examples=25, deadline=None)
+def test_round_trip_through_json(n_base: int, n_spec: int, seed: int) -> None:
+    syn = Synth(seed=seed)
+    m = ThroughputModel(PROFILES)
+    t = feed(m, syn, BASE, 0, n_base, 6)
+    feed(m, syn, E5, t, n_spec, 6)
+    d = json.loads(json.dumps(m.to_dict()))
+    m2 = ThroughputModel.from_dict(d)
+    assert m2.to_dict() == m.to_dict()
+    for p in PROFILES:
+        assert m2.predict(p.name) == m.predict(p.name)
+    assert m2.accept.estimate("eagle5", AGGREGATE) == m.accept.estimate("eagle5", AGGREGATE)
+
+
+def test_unknown_profile_raises() -> None:
+    m = ThroughputModel(PROFILES)
+    with pytest.raises(KeyError):
+        m.predict("nope")
+    with pytest.raises(ValueError):
+        ThroughputModel([BASE, BASE])
+    assert math.isfinite(m.concurrency.half_life_s)

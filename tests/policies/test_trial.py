@@ -1,0 +1,29 @@
+import pytest
+
+from policies.trial import TrialOutcome, TrialSettings, assess_trial
+from policies.types import Estimate
+
+PRED = Estimate(100.0, 90.0, 110.0)
+S = TrialSettings(min_windows=3, max_windows=6, tolerance=0.1, z=2.0)
+
+
+@pytest.mark.parametrize(
+    ("windows", "outcome"),
+    [
+        ([], TrialOutcome.PENDING),
+        ([float("nan")], TrialOutcome.PENDING),
+        ([100.0, 101.0], TrialOutcome.RUNNING),
+        ([99.0, 101.0, 100.0], TrialOutcome.SUCCESSFUL),
+        ([60.0, 62.0, 61.0], TrialOutcome.FAILED),
+        ([50.0, 120.0, 80.0], TrialOutcome.RUNNING),
+        ([50.0, 120.0, 80.0, 60.0, 110.0, 85.0], TrialOutcome.INCONCLUSIVE),
+    ],
+)
+def test_trial_table(windows: list[float], outcome: TrialOutcome) -> None:
+    assert assess_trial(PRED, windows, S) is outcome
+
+
+def test_bar_is_the_low_end_less_tolerance() -> None:
+    # Bar = 90 * 0.9 = 81: steady 82 passes, steady 80 fails.
+    assert assess_trial(PRED, [82.0, 82.0, 82.0], S) is TrialOutcome.SUCCESSFUL
+    assert assess_trial(PRED, [80.0, 80.0, 80.0], S) is TrialOutcome.FAILED
