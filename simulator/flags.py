@@ -64,6 +64,7 @@ class ServerArgs:
     decode_log_interval: int
     tp_size: int
     dp_size: int
+    ep_size: int
     enable_metrics_for_all_schedulers: bool
     tokenizer_metrics_custom_labels_header: str
     tokenizer_metrics_allowed_custom_labels: list[str] | None
@@ -198,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--dp-size", "--data-parallel-size", dest="dp_size", type=_positive_int, default=1
     )
+    g.add_argument("--ep-size", "--expert-parallel-size", dest="ep_size", type=_positive_int,
+                   default=1)  # fmt: skip
     g.add_argument("--enable-metrics-for-all-schedulers", action="store_true")
     g.add_argument("--tokenizer-metrics-custom-labels-header", default="x-custom-labels")
     g.add_argument("--tokenizer-metrics-allowed-custom-labels", nargs="+", default=None)
@@ -362,6 +365,8 @@ def resolve(ns: argparse.Namespace, argv: Sequence[str]) -> ServerArgs:
             "Please set --tokenizer-metrics-custom-labels-header when setting "
             "--tokenizer-metrics-allowed-custom-labels."
         )
+    if ns.tp_size % ns.ep_size != 0:
+        raise FlagError(f"tp_size ({ns.tp_size}) must be divisible by ep_size ({ns.ep_size})")
     for name, value in (("num-steps", steps), ("eagle-topk", topk), ("num-draft-tokens", draft)):
         if value is not None and value < (0 if name == "num-steps" else 1):
             raise FlagError(f"--speculative-{name} must be positive, got {value}")
@@ -470,6 +475,7 @@ def resolve(ns: argparse.Namespace, argv: Sequence[str]) -> ServerArgs:
         decode_log_interval=ns.decode_log_interval,
         tp_size=ns.tp_size,
         dp_size=ns.dp_size,
+        ep_size=ns.ep_size,
         enable_metrics_for_all_schedulers=ns.enable_metrics_for_all_schedulers,
         tokenizer_metrics_custom_labels_header=ns.tokenizer_metrics_custom_labels_header,
         tokenizer_metrics_allowed_custom_labels=ns.tokenizer_metrics_allowed_custom_labels,

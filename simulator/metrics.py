@@ -168,7 +168,8 @@ def scheduler_label_sets(args: ServerArgs) -> dict[int, list[dict[str, str]]]:
                 "engine_type": "unified",
                 "tp_rank": str(tp),
                 "pp_rank": "0",
-                "moe_ep_rank": "0",
+                # runtime_context: tp_rank % (tp / moe_dp) // (tp / moe_dp / ep), moe_dp 1
+                "moe_ep_rank": str(tp // (args.tp_size // args.ep_size)),
             }
             if args.dp_size > 1:
                 labels["dp_rank"] = str(dp)

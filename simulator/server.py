@@ -122,6 +122,8 @@ class RankState:
     busy: bool = False
     used_tokens: int = 0
     moments: list[float] = field(default_factory=lambda: [0.0] * 6)
+    prefill_tokens: int = 0  # cumulative uncached prompt tokens prefilled
+    prefill_busy_us: float = 0.0
     pending: deque[tuple[float, Any]] = field(default_factory=deque)
     # Per-tick accumulators flushed into the metrics once per wake-up.
     tick_passes: int = 0
@@ -308,7 +310,12 @@ class Simulation:
         for cat, sec in res.phase_s.items():
             rank.tick_phase_s[cat] = rank.tick_phase_s.get(cat, 0.0) + sec
         if res.kind != "decode":
-            return  # a prefill (extend) step: its tokens are accounted at delivery
+            # a prefill (extend) step: its first tokens are delivered with the rest
+            rank.prefill_busy_us += res.duration_s * 1e6
+            rank.prefill_tokens += sum(
+                r.prompt_tokens for rid in res.new_tokens if (r := self.requests.get(rid))
+            )
+            return
         generated = sum(res.new_tokens.values())
         rank.forward_ct_decode += 1
         rank.interval_tokens += generated
@@ -529,8 +536,8 @@ class Simulation:
             "gen_throughput": round(rank.gen_throughput(now_v), 2),
             "cache_hit_rate": 0.0,
             "utilization": round(min(rank.engine.num_running / self.max_running_requests, 1), 4),
-            "total_prefill_uncached_tokens": 0,
-            "total_prefill_busy_us": 0,
+            "total_prefill_uncached_tokens": rank.prefill_tokens,
+            "total_prefill_busy_us": int(rank.prefill_busy_us),
             "decode_moments": list(rank.moments) if rank.moments[0] > 0 else None,
         }
         if include is not None and "all" not in include and include == {"core"}:
@@ -672,12 +679,23 @@ def _header_labels(sim: Simulation, request: Request) -> dict[str, str] | None:
     return {k: str(v) for k, v in parsed.items() if k in allowed}
 
 
-async def _wait_done(req: SimRequest) -> None:
+# tokenizer_manager._wait_one_response wakes every 4 s to check whether the client left (here 4
+# simulated seconds, but not more often than every 0.25 wall seconds per waiting request).
+DISCONNECT_CHECK_S = 4.0
+
+
+async def _wait_done(sim: Simulation, req: SimRequest, request: Request) -> None:
+    """Wait for a non-streaming request to finish; abort it if the client goes away."""
     while not req.done:
         req.changed.clear()
         if req.done:
             break
-        await req.changed.wait()
+        try:
+            await asyncio.wait_for(req.changed.wait(), max(DISCONNECT_CHECK_S / sim.speed, 0.25))
+        except TimeoutError:
+            if await request.is_disconnected():
+                sim.abort(req.rid)
+                return
 
 
 async def _updates(req: SimRequest) -> AsyncIterator[int]:
@@ -790,7 +808,7 @@ def create_app(sim: Simulation) -> FastAPI:
 
             return StreamingResponse(stream_gen(), media_type="text/event-stream")
         try:
-            await _wait_done(req)
+            await _wait_done(sim, req, request)
         except asyncio.CancelledError:
             sim.abort(req.rid)
             raise
@@ -1002,7 +1020,7 @@ def create_app(sim: Simulation) -> FastAPI:
 
         if not stream:
             try:
-                await _wait_done(req)
+                await _wait_done(sim, req, request)
             except asyncio.CancelledError:
                 sim.abort(rid)
                 raise

@@ -238,3 +238,9 @@ def test_fault_scopes() -> None:
     args = parse_args([*BASE, "--sim-fault-start-fail", "--sim-fault-scope", "steps=5"])
     assert Faults.from_flags(args.faults, two) == Faults()
     assert Faults.from_flags(args.faults, SpecConfig("EAGLE3", 5, draft_tokens=6)).start_fail
+
+
+def test_ep_size_must_divide_tp_size() -> None:
+    assert parse_args([*BASE, "--tp-size", "8", "--ep-size", "8"]).ep_size == 8
+    with pytest.raises(FlagError, match="divisible"):
+        parse_args([*BASE, "--tp-size", "8", "--ep-size", "3"])

@@ -182,3 +182,14 @@ async def test_metrics_faults() -> None:
         assert s.sim.faults == Faults(metrics="500")
         assert (await s.client.get("/metrics")).status_code == 500
         assert (await s.client.get("/health")).status_code == 200  # the rest still works
+
+
+async def test_moe_ep_rank_follows_ep_size() -> None:
+    text = await _exposition(
+        ["--tp-size", "4", "--ep-size", "4", "--enable-metrics-for-all-schedulers",
+         "--decode-log-interval", "5"]
+    )  # fmt: skip
+    g = _families(text)["sglang:num_running_reqs"].samples
+    assert {(s.labels["tp_rank"], s.labels["moe_ep_rank"]) for s in g} == {
+        ("0", "0"), ("1", "1"), ("2", "2"), ("3", "3")
+    }  # fmt: skip
