@@ -37,8 +37,10 @@ def parse(text: str) -> dict[str, str]:
     """The assignments of an environment file (the subset of systemd's syntax `render` writes,
     plus unquoted and single-quoted values and `export ` prefixes)."""
     out: dict[str, str] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
+    # Only \n ends a line (str.splitlines would also split on \f, \v, \x1c..., which systemd
+    # keeps inside values).
+    for raw in text.split("\n"):
+        line = raw.strip(" \t\r")
         if not line or line[0] in "#;":
             continue
         line = line.removeprefix("export ").lstrip()

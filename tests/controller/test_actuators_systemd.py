@@ -1,0 +1,195 @@
+"""The systemd actuator with a fake `systemctl` on PATH that runs the shipped
+deploy/sglang@.service's ExecStart= (sh + eval of the environment file) with the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from actuator_fakes.support import (
+    FAKE_SYSTEMCTL_DIR,
+    PROFILES,
+    REPO,
+    SPEED,
+    alive,
+    kill_everything,
+    port_pids,
+    settings,
+)
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controller.actuators import SwitchOutcome, envfile, make_actuator
+from controller.actuators.systemd import SystemdActuator, env_assignments
+from controller.clock import ScaledClock
+from controller.settings import Settings
+
+UNIT = "sglang@specpilot.service"
+Factory = Callable[..., tuple[SystemdActuator, Settings]]
+
+
+@pytest.fixture
+async def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Factory]:
+    state = tmp_path / "systemd"
+    monkeypatch.setenv("PATH", f"{FAKE_SYSTEMCTL_DIR}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SYSTEMD_DIR", str(state))
+    monkeypatch.setenv("FAKE_SYSTEMD_UNIT_FILE", str(REPO / "deploy" / "sglang@.service"))
+    monkeypatch.setenv("FAKE_SYSTEMD_SPEED", f"{SPEED:g}")
+    env_file = tmp_path / "etc" / "sglang-specpilot.env"
+    monkeypatch.setenv("FAKE_SYSTEMD_ENV_FILE", str(env_file))
+    client = httpx.AsyncClient(trust_env=False)
+    made: list[Settings] = []
+
+    def factory(**kw: Any) -> tuple[SystemdActuator, Settings]:
+        kw.setdefault("systemd_env_file", str(env_file))
+        s = settings(tmp_path, actuator="systemd", systemd_unit=UNIT, **kw)
+        made.append(s)
+        act = make_actuator(s, ScaledClock(SPEED), client)
+        assert isinstance(act, SystemdActuator)
+        return act, s
+
+    yield factory
+    proc = await asyncio.create_subprocess_exec("systemctl", "stop", UNIT)
+    await proc.wait()
+    await client.aclose()
+    kill_everything({p for s in made for p in port_pids(s.server.port)})
+
+
+def calls(tmp_path: Path) -> list[str]:
+    f = tmp_path / "systemd" / "calls"
+    return f.read_text().splitlines() if f.exists() else []
+
+
+async def test_start_switch_and_the_environment_file(tmp_path: Path, make: Factory) -> None:
+    act, s = make()
+    assert not await act.alive()
+    r = await act.start("baseline")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    state = await act.probe()
+    assert state.up and state.profile == "baseline" and state.pid
+    assert await act.alive()
+    env_path = Path(s.server.systemd_env_file)
+    assert stat.S_IMODE(env_path.stat().st_mode) == 0o600
+    assert envfile.parse(env_path.read_text())["SPECPILOT_PROFILE"] == "baseline"
+    pid0 = state.pid
+
+    r = await act.switch("eagle3-2step")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    assert (r.from_profile, r.to_profile) == ("baseline", "eagle3-2step")
+    assert r.downtime_s > 10.0
+    assert f"restart {UNIT}" in calls(tmp_path)
+    state = await act.probe()
+    assert state.profile == "eagle3-2step" and state.pid != pid0
+    assert not alive(pid0)
+    # The profile's environment reached SGLang through the unit's EnvironmentFile.
+    server_env = psutil.Process(state.pid).environ()
+    assert server_env["NCCL_PROTO"] == "LL"
+    assert server_env["SPECPILOT_PROFILE"] == "eagle3-2step"
+    assert not any(f.name.endswith(".tmp") for f in env_path.parent.iterdir())  # atomic write
+
+
+async def test_the_controller_going_away_never_stops_the_server(make: Factory) -> None:
+    act, s = make()
+    assert (await act.start("eagle3-2step")).outcome is SwitchOutcome.OK
+    pid = (await act.probe()).pid
+    await act.shutdown()
+    assert pid is not None and alive(pid)
+    # A new controller finds it as it is.
+    again, _ = make(port=s.server.port)
+    state = await again.probe()
+    assert state.profile == "eagle3-2step" and state.pid == pid
+    r = await again.start("eagle3-2step")
+    assert r.outcome is SwitchOutcome.OK and r.downtime_s == 0.0
+    assert (await again.start("baseline")).outcome is SwitchOutcome.REFUSED_BUSY
+    assert (await again.probe()).pid == pid
+
+
+async def test_start_failure_reports_the_journal(make: Factory) -> None:
+    act, _ = make(extra_flags=["--sim-fault-start-fail", "--sim-fault-scope", "steps=5"])
+    assert (await act.start("baseline")).outcome is SwitchOutcome.OK
+    r = await act.switch("eagle3-5step")
+    assert r.outcome is SwitchOutcome.START_FAILED
+    assert "failed/failed" in (r.error or "") and "exit status 1" in (r.error or "")
+    assert "CUDA out of memory" in (r.error or "")
+    assert not await act.alive()
+    # Rollback: the last good profile starts again.
+    r = await act.switch("baseline")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    assert r.from_profile is None
+
+
+async def test_crash_is_detected(make: Factory) -> None:
+    act, _ = make(extra_flags=["--sim-fault-crash-after-s", "0.3"])
+    assert (await act.start("baseline")).outcome is SwitchOutcome.OK
+    for _ in range(100):
+        if not await act.alive():
+            break
+        await asyncio.sleep(0.05)
+    assert not await act.alive()
+
+
+async def test_hang_at_start_hits_the_deadline(make: Factory) -> None:
+    act, _ = make(extra_flags=["--sim-fault-hang-start"], start_timeout_s=150.0)
+    r = await act.start("baseline")
+    assert r.outcome is SwitchOutcome.START_FAILED
+    assert "not ready within start_timeout_s=150" in (r.error or "")
+    assert not await act.alive()  # stopped, not left loading forever
+
+
+async def test_a_unit_reading_another_file_is_refused(
+    tmp_path: Path, make: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FAKE_SYSTEMD_ENV_FILE")  # the unit reads /etc/specpilot/sglang-%i.env
+    act, s = make()
+    r = await act.start("baseline")
+    assert r.outcome is SwitchOutcome.UNKNOWN
+    assert "/etc/specpilot/sglang-specpilot.env" in (r.error or "")
+    assert not Path(s.server.systemd_env_file).exists()
+    assert not any(c.startswith(("restart", "start")) for c in calls(tmp_path))
+
+
+async def test_awkward_flag_values_survive_the_unit_quoting(make: Factory) -> None:
+    """JSON with spaces and quotes, a $ and a backtick: env file -> systemd's parser -> sh eval ->
+    the server's argv, unchanged."""
+    labels = {"team": "a b", "note": 'it\'s $HOME `x` \\ "q"'}
+    profiles = dict(PROFILES)
+    profiles["baseline"] = {"flags": ["--extra-metric-labels", json.dumps(labels)]}
+    act, _ = make(profiles=profiles)
+    r = await act.start("baseline")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    assert r.server_args is not None and r.server_args["extra_metric_labels"] == labels
+
+
+def test_env_assignments_order_and_reserved_keys(tmp_path: Path) -> None:
+    s = settings(
+        tmp_path,
+        actuator="systemd",
+        env={"NCCL_PROTO": "Simple", "NOTIFY_SOCKET": "/run/x", "SPECPILOT_PROFILE": "spoof"},
+    )
+    env = env_assignments(s, "eagle3-2step")
+    assert env["NCCL_PROTO"] == "LL"  # the profile's env wins over [server].env
+    assert "NOTIFY_SOCKET" not in env
+    assert env["SPECPILOT_PROFILE"] == "eagle3-2step"
+    assert env["SGLANG_ARGS"].endswith(f"--host 127.0.0.1 --port {s.server.port}")
+    assert " -m simulator" in env["SGLANG_LAUNCH"]
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="\n\r\x00", codec="utf-8")))
+def test_envfile_round_trip(value: str) -> None:
+    text = envfile.render({"A": value, "B": "x"})
+    assert envfile.parse(text) == {"A": value, "B": "x"}
+
+
+def test_envfile_refuses_newlines_and_bad_names() -> None:
+    with pytest.raises(ValueError, match="newline"):
+        envfile.render({"A": "x\ny"})
+    with pytest.raises(ValueError, match="not a valid"):
+        envfile.render({"1A": "x"})
