@@ -1,0 +1,141 @@
+"""The `specpilot bench` command (a typer command function the main CLI registers).
+
+Owns argument handling and friendly errors: a bad scenario file names the file and the key and
+exits 2; an unknown --policy lists the known ones. Everything else is delegated: runner (the
+work), report (tables, JSON, PNG).
+Must not: contain bench logic.
+
+Register it with `app.command("bench")(controller.bench.cli.bench)`; `python -m controller.bench`
+runs it stand-alone.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from controller.bench.report import plot_scenario, print_results, write_json
+from controller.bench.runner import ScenarioResult, run_scenario
+from controller.bench.scenario import Scenario, ScenarioError, load_scenario, shipped_scenarios
+
+# CI-short mode without a flag: every phase duration is multiplied by this (e.g. 0.1).
+HOURS_SCALE_ENV = "SPECPILOT_BENCH_HOURS_SCALE"
+
+
+def _run_one(args: tuple[Scenario, list[str] | None]) -> ScenarioResult:
+    scenario, policies = args
+    return run_scenario(scenario, policies)
+
+
+def bench(
+    scenario: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--scenario",
+            "-s",
+            help="Scenario TOML file (repeatable). Default: every shipped scenario in scenarios/.",
+        ),
+    ] = None,
+    json_out: Annotated[
+        Path | None,
+        typer.Option("--json", help="Write the results: one object per scenario and policy."),
+    ] = None,
+    png_dir: Annotated[
+        Path | None,
+        typer.Option("--png-dir", help="Write one PNG per scenario (tok/s, profiles, phases)."),
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="Only these rows (repeatable): specpilot, oracle_dp, oracle_free, best_static, "
+            "static:<profile>, sglang_adaptive, vllm_batch_threshold, greedy, ucb. The oracles "
+            "and static profiles are always computed (the ratios need them).",
+        ),
+    ] = None,
+    hours_scale: Annotated[
+        float | None,
+        typer.Option(
+            "--hours-scale",
+            help=f"Multiply every phase duration (CI-short mode, e.g. 0.1). Default: "
+            f"${HOURS_SCALE_ENV} or 1.",
+        ),
+    ] = None,
+    timing: Annotated[
+        bool, typer.Option("--timing", help="Print the wall time of every replay.")
+    ] = False,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", min=1, help="Scenarios run in parallel processes.")
+    ] = 1,
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Exit 1 when specpilot misses any of the issue's targets."),
+    ] = False,
+) -> None:
+    """Replay scenarios in virtual time: specpilot against every static profile, the best static
+    in hindsight, SGLang adaptive, a vLLM-style batch threshold, greedy, UCB and the two oracles."""
+    # Wide enough for the table when stdout is not a terminal (CI logs, pipes).
+    console = Console(width=None if Console().is_terminal else 132)
+    err = Console(stderr=True)
+    paths = list(scenario) if scenario else shipped_scenarios()
+    if not paths:
+        err.print("[red]specpilot bench:[/red] no scenario files given and none shipped")
+        raise typer.Exit(2)
+    scale = hours_scale
+    if scale is None:
+        env = os.environ.get(HOURS_SCALE_ENV)
+        try:
+            scale = float(env) if env else 1.0
+        except ValueError:
+            err.print(f"[red]specpilot bench:[/red] ${HOURS_SCALE_ENV}={env!r} is not a number")
+            raise typer.Exit(2) from None
+    try:
+        scenarios = [load_scenario(p).scaled(scale) for p in paths]
+    except ScenarioError as e:
+        err.print(f"[red]specpilot bench:[/red] {e}")
+        raise typer.Exit(2) from None
+    except ValueError as e:  # a bad --hours-scale
+        err.print(f"[red]specpilot bench:[/red] {e}")
+        raise typer.Exit(2) from None
+    policies = list(policy) if policy else None
+    if policies is not None:
+        from controller.bench.runner import policy_names
+
+        for sc in scenarios:
+            unknown = [p for p in policies if p not in policy_names(sc)]
+            if unknown:
+                err.print(
+                    f"[red]specpilot bench:[/red] unknown policy {unknown[0]!r} for {sc.name} "
+                    f"(known: {', '.join(policy_names(sc))})"
+                )
+                raise typer.Exit(2)
+    work = [(sc, policies) for sc in scenarios]
+    if jobs > 1 and len(work) > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(_run_one, work))
+    else:
+        results = []
+        for sc in scenarios:
+            with console.status(f"replaying {sc.name}"):
+                results.append(run_scenario(sc, policies))
+    missed = print_results(results, console, timing=timing)
+    if json_out is not None:
+        write_json(results, json_out)
+        console.print(f"wrote {json_out}")
+    if png_dir is not None:
+        for res in results:
+            out = png_dir / f"{res.scenario.name}.png"
+            plot_scenario(res, out)
+            console.print(f"wrote {out}")
+    if check and missed:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    typer.run(bench)
