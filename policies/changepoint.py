@@ -200,7 +200,9 @@ class CusumDetector:
             total, count = (self.hi_sum, self.hi_n) if up else (self.lo_sum, self.lo_n)
             before = self.mean
             after = total / count
-            self._start_regime(after, count)
+            # The new level is re-learnt from the windows after the alarm: the windows that
+            # raised it may include the last pre-change ones (the CUSUM left zero on noise).
+            self._start_regime(after, 0)
             return CusumEvent("change", t_s, before, after, count)
         self._absorb(x)
         return None

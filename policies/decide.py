@@ -127,8 +127,10 @@ class PolicySettings:
     # Weight kept of a profile's old estimates when it boots again: the field's baseline moved
     # 89 -> 82 tok/s and verify 20 -> 30 ms across boots, so a new boot must dominate fast.
     boot_carryover: float = 0.25
-    # Weight kept of a stream's estimates after a detected change in it.
-    change_discount: float = 0.05
+    # Weight kept of a stream's estimates after a detected change in it: the old level is wrong
+    # by definition, and with a 30 min half-life the forgotten sums hold ~260 windows, so even
+    # 1% would still outweigh the first new windows; 0.1% leaves a trace (never an empty state).
+    change_discount: float = 0.001
     # Change points closer than this are one regime boundary (streams react to one event).
     change_coalesce_s: float = 60.0
     # CUSUM (changepoint.py explains the calibration: k=1, h=6 -> ~8e5 windows per false alarm
@@ -769,12 +771,15 @@ def _choose(
 
 def _calibrated(target: Estimate, cur_pred: ProfilePrediction) -> Estimate:
     """The candidate's prediction in observed units: scaled by observed / predicted of the
-    running profile (prefill and scheduling cost the same share on either side)."""
+    running profile (prefill and scheduling cost the same share on either side). Only ever
+    scaled down, and at most to half: the observed rate is a smoothed past, and right after a
+    change it still carries the old regime (scaling up on it would set the trial's bar too high).
+    """
     cur = cur_pred.tok_s
     obs = cur_pred.observed_tok_s
     if cur is None or obs is None or cur.mean <= 0 or obs <= 0:
         return target
-    f = obs / cur.mean
+    f = min(max(obs / cur.mean, 0.5), 1.0)
     return Estimate(target.mean * f, target.low * f, target.high * f, target.n)
 
 
