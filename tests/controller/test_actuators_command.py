@@ -1,0 +1,155 @@
+"""The command actuator with a fake orchestrator whose switch command returns before the
+rollout is done, and the safe expansion of {profile} / {flags} / {env} placeholders."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from actuator_fakes.support import (
+    FAKE_ORCHESTRATOR,
+    PROFILES,
+    SPEED,
+    kill_everything,
+    port_pids,
+    settings,
+)
+
+from controller.actuators import SwitchOutcome, make_actuator
+from controller.actuators.command import CommandActuator, expand
+from controller.clock import ScaledClock
+from controller.settings import Settings
+
+Factory = Callable[..., tuple[CommandActuator, Settings]]
+SWITCH = [sys.executable, str(FAKE_ORCHESTRATOR), "switch", "{profile}", "{flags}"]
+STATUS = [sys.executable, str(FAKE_ORCHESTRATOR), "status"]
+
+
+@pytest.fixture
+async def make(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Factory]:
+    orch = tmp_path / "orch"
+    monkeypatch.setenv("FAKE_ORCH_DIR", str(orch))
+    client = httpx.AsyncClient(trust_env=False)
+    made: list[Settings] = []
+
+    def factory(**kw: Any) -> tuple[CommandActuator, Settings]:
+        kw.setdefault("switch_command", SWITCH)
+        kw.setdefault("status_command", STATUS)
+        s = settings(tmp_path, actuator="command", **kw)
+        made.append(s)
+        act = make_actuator(s, ScaledClock(SPEED), client)
+        assert isinstance(act, CommandActuator)
+        return act, s
+
+    yield factory
+    await client.aclose()
+    pids = {p for s in made for p in port_pids(s.server.port)}
+    if (orch / "pid").exists():
+        pids.add(int((orch / "pid").read_text()))
+    kill_everything(pids)
+
+
+async def test_switch_waits_for_the_new_profile_not_just_ready(
+    make: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    act, _ = make()
+    r = await act.start("baseline")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    assert (await act.probe()).profile == "baseline"
+    # The orchestrator keeps the old server serving for 1 s after the command returned.
+    monkeypatch.setenv("FAKE_ORCH_DELAY_S", "1.0")
+    r = await act.switch("eagle3-2step")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    assert (r.from_profile, r.to_profile) == ("baseline", "eagle3-2step")
+    assert r.server_args is not None and r.server_args["speculative_num_steps"] == 2
+    assert r.downtime_s >= 100.0  # >= the 1 real s of delay, in server seconds
+    assert await act.alive()
+    assert await act.status_profile() == "eagle3-2step"
+    # The command got the profile's env (through SPECPILOT_ENV) and separate flag arguments.
+    assert (await act.probe()).profile == "eagle3-2step"
+
+
+async def test_a_failing_command_is_start_failed_with_its_stderr(
+    make: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_ORCH_FAIL", "1")
+    act, _ = make()
+    r = await act.switch("baseline")
+    assert r.outcome is SwitchOutcome.START_FAILED
+    assert "exited with status 3" in (r.error or "") and "forbidden" in (r.error or "")
+
+
+async def test_a_hanging_command_is_killed_and_unknown(
+    make: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_ORCH_HANG", "1")
+    act, _ = make(start_timeout_s=100.0, stop_timeout_s=50.0)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    r = await act.switch("baseline")
+    assert r.outcome is SwitchOutcome.UNKNOWN
+    assert "timed out" in (r.error or "")
+    assert loop.time() - t0 < 6.0  # 150 server s = 1.5 real s
+
+
+async def test_status_command_breaks_ties_between_identical_shapes(make: Factory) -> None:
+    profiles = {**PROFILES, "baseline-nccl": {"flags": [], "env": {"NCCL_ALGO": "Ring"}}}
+    act, _ = make(profiles=profiles)
+    r = await act.start("baseline-nccl")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    fresh, _ = make(profiles=profiles, port=act.server.port)  # a restarted controller
+    state = await fresh.probe()
+    assert state.profile == "baseline-nccl"
+    assert state.server_args is not None
+
+
+def test_command_actuator_needs_a_switch_command(tmp_path: Path) -> None:
+    s = settings(tmp_path, actuator="command")
+    with pytest.raises(ValueError, match="switch_command"):
+        make_actuator(s, ScaledClock(SPEED), httpx.AsyncClient())
+
+
+def test_expand_whole_arguments_and_quoted_embedding() -> None:
+    values = {"profile": "eagle3-2step", "flags": ["--a", "x y", "--b"], "port": "30000"}
+    assert expand(["deploy", "{profile}", "{flags}", "--port={port}"], values) == [
+        "deploy",
+        "eagle3-2step",
+        "--a",
+        "x y",
+        "--b",
+        "--port=30000",
+    ]
+    assert expand(["sh", "-c", "run {profile} {flags}"], values) == [
+        "sh",
+        "-c",
+        "run eagle3-2step --a 'x y' --b",
+    ]
+    assert expand(["keep {unknown} {flags"], values) == ["keep {unknown} {flags"]
+
+
+def test_expanded_flags_cannot_escape_a_shell_string(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    out = tmp_path / "out"
+    evil = f"$(touch {marker}); `touch {marker}` ' \" ; touch {marker}"
+    argv = expand(["sh", "-c", "printf '%s\\n' {flags} > " + str(out)], {"flags": ["--x", evil]})
+    subprocess.run(argv, check=True)
+    assert not marker.exists()
+    assert out.read_text().splitlines() == ["--x", evil]
+
+
+def test_command_env_carries_the_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NOTIFY_SOCKET", "/run/systemd/notify")
+    s = settings(tmp_path, actuator="command", switch_command=SWITCH, env={"A": "1 2"})
+    act = make_actuator(s, ScaledClock(SPEED), httpx.AsyncClient())
+    assert isinstance(act, CommandActuator)
+    env = act.command_env("eagle3-2step")
+    assert env["SPECPILOT_PROFILE"] == "eagle3-2step"
+    assert "--speculative-num-steps 2" in env["SPECPILOT_FLAGS"]
+    assert env["SPECPILOT_ENV"] == "'A=1 2' NCCL_PROTO=LL"
+    assert "NOTIFY_SOCKET" not in env
