@@ -155,6 +155,12 @@ class PolicySettings:
     trial_warmup_windows: int = 1
     # Findings kept in the state (bounded JSON).
     max_findings: int = 50
+    # A HOLD_BEST / HOLD_WITHIN_MARGIN is re-evaluated at least this often, and at once on a
+    # change point, a finding, or a move of reeval_rel_change in concurrency or the mix: switch
+    # decisions pay restarts of minutes, so a minute's delay costs nothing, while recomputing
+    # every prediction on every 10 s tick would cost most of a replay's time budget.
+    reeval_interval_s: float = 60.0
+    reeval_rel_change: float = 0.05
 
 
 @dataclass
@@ -183,6 +189,8 @@ class PolicyState:
     last_window_t_s: float | None = None
     # The settings of the last decide (on_switch_done has no settings parameter).
     settings: PolicySettings = field(default_factory=PolicySettings)
+    # The last full evaluation that ended in HOLD_BEST / HOLD_WITHIN_MARGIN (see reeval_*).
+    eval_cache: dict[str, Any] | None = None
 
     @property
     def specs(self) -> dict[str, ProfileSpec]:
@@ -214,6 +222,7 @@ class PolicyState:
             "boot_ref": _jsonable(self.boot_ref),
             "last_window_t_s": self.last_window_t_s,
             "settings": settings_to_dict(self.settings),
+            "eval_cache": _jsonable(self.eval_cache),
         }
 
     @classmethod
@@ -240,6 +249,7 @@ class PolicyState:
             boot_ref=_jsonable(d.get("boot_ref")),
             last_window_t_s=d.get("last_window_t_s"),
             settings=settings_from_dict(d["settings"]) if "settings" in d else PolicySettings(),
+            eval_cache=_jsonable(d.get("eval_cache")),
         )
 
 
@@ -675,7 +685,45 @@ def decide(
     if dwell_left > 0:
         diag["dwell_left_s"] = dwell_left
         return _hold(now_s, state, Reason.HOLD_COOLDOWN, diag)
-    return _choose(state, now_s, s, diag)
+    key = _eval_key(state)
+    cache = state.eval_cache
+    if cache is not None and _reusable(cache, key, now_s, s) and not state.new_findings:
+        diag.update(cache["diag"])
+        diag["reevaluated_at_s"] = cache["t_s"]
+        return _hold(now_s, state, Reason(cache["reason"]), diag)
+    state.eval_cache = None
+    state, d = _choose(state, now_s, s, diag)
+    if d.reason in (Reason.HOLD_BEST, Reason.HOLD_WITHIN_MARGIN):
+        kept = {k: v for k, v in d.diagnostics.items() if k != "intake"}
+        state.eval_cache = {"t_s": now_s, "reason": d.reason.value, "diag": kept, **key}
+    return state, d
+
+
+def _eval_key(state: PolicyState) -> dict[str, Any]:
+    return {
+        "running": state.running,
+        "last_change_s": state.last_change_s,
+        "batch": state.model.concurrency.estimate(),
+        "mix": state.model.mix.shares(),
+        "tried": sorted(state.tried),
+        "failed": sorted(state.failed),
+    }
+
+
+def _reusable(
+    cache: Mapping[str, Any], key: Mapping[str, Any], now_s: float, s: PolicySettings
+) -> bool:
+    if now_s - float(cache["t_s"]) >= s.reeval_interval_s:
+        return False
+    for k in ("running", "last_change_s", "tried", "failed"):
+        if cache[k] != key[k]:
+            return False
+    b0, b1 = cache["batch"], key["batch"]
+    if b0 is None or b1 is None or abs(b1 - b0) > s.reeval_rel_change * b0:
+        return False
+    m0, m1 = cache["mix"], key["mix"]
+    moved = sum(abs(m0.get(w, 0.0) - m1.get(w, 0.0)) for w in set(m0) | set(m1))
+    return moved <= s.reeval_rel_change
 
 
 def _trial_step(
