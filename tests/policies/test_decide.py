@@ -374,3 +374,22 @@ def test_tick_cost_is_small() -> None:
     # Budget from the brief: well under 0.5 ms per tick (generous here: a shared 2-core box).
     assert per_tick < 1.0e-3, per_tick
     assert Counter(type(x) for x in obs)
+
+
+def test_drift_findings_within_a_boot_and_across_boots() -> None:
+    from tests.policies.synth import Cost
+
+    dr = Driver("eagle5", seed=15)
+    dr.run(60, 8, HI, MIX)
+    # Verify cost rises by 10 ms inside the boot (the field's 20 -> 30 ms).
+    dr.syn.cost = Cost(verify_fixed_s=0.017)
+    dr.run(10, 8, HI, MIX)
+    drift = [f for f in dr.state.findings if f.kind == "drift" and f.subject == "cycle:eagle5"]
+    assert drift and drift[0].after > 1.3 * drift[0].before and drift[0].unit == "s"
+    # Baseline slower on its next boot (the field's 89 -> 82 tok/s): visit it, leave, return.
+    dr.run(40, 8, HI, MIX, Overrides(pin_profile="baseline"))
+    dr.run(40, 8, HI, MIX, Overrides(pin_profile="eagle5"))
+    dr.syn.cost = Cost(verify_fixed_s=0.017, fixed_s=0.011)
+    dr.run(40, 8, HI, MIX, Overrides(pin_profile="baseline"))
+    tok = [f for f in dr.state.findings if f.subject == "baseline_tok_s"]
+    assert tok and tok[-1].after < 0.95 * tok[-1].before and tok[-1].unit == "tok/s"
