@@ -4,8 +4,9 @@ Owns the three gates in front of an actuator: advisory mode (returns SKIPPED_ADV
 nowhere else, before anything is touched), one actuation in flight (a second one is
 REFUSED_BUSY, never queued: the loop re-decides on its next tick), and the block an UNKNOWN
 outcome sets (automatic switches are REFUSED_BUSY, with the block in `error`, until
-`clear_block()`; a manual switch, a person acting, still passes). An exception or a cancellation inside the actuator is an UNKNOWN
-outcome too: the server's state is then not known. Must not decide what to switch to.
+`clear_block()`; a manual switch, a person acting, still passes). An exception or a
+cancellation inside the actuator is an UNKNOWN outcome too: the server's state is then not
+known. Must not decide what to switch to.
 """
 
 from __future__ import annotations
