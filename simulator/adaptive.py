@@ -146,7 +146,7 @@ class AdaptiveSlot:
             return False
         if (self.batch_count - self.cfg.warmup_batches) % self.cfg.update_interval != 0:
             return False
-        return self._recompute()
+        return self.recompute()
 
     def batches_to_next_decision(self) -> int:
         """Verify batches until the next tier recomputation (the batch that triggers it
@@ -173,10 +173,11 @@ class AdaptiveSlot:
             if self.batches_to_next_decision() == self.cfg.update_interval and (
                 self.batch_count > self.cfg.warmup_batches
             ):
-                changed |= self._recompute()
+                changed |= self.recompute()
         return changed
 
-    def _recompute(self) -> bool:
+    def recompute(self) -> bool:
+        """Recompute the tier from the EMA (SGLang's _recompute_params); True if it changed."""
         cands = self.cfg.candidate_steps
         old = self.current_steps
         idx = cands.index(old)

@@ -113,6 +113,7 @@ class StepEngine:
             raise ValueError("max_running_requests must be >= 1")
         self.now_s = 0.0
         self._rng = np.random.default_rng(seed)
+        self._phase_cache: dict[tuple[object, ...], dict[str, float]] = {}
         self.adaptive: AdaptiveRule | None = None
         if spec.adaptive:
             self.adaptive = AdaptiveRule(
@@ -256,14 +257,22 @@ class StepEngine:
     def _decode(self) -> StepResult:
         b = len(self._rids)
         g = self.current_steps(b)
-        ctx = float(np.mean(self._prompt + self._generated))
-        phases = self.profile.cycle_phases_s(
-            b,
-            self.spec,
-            steps=g if self.spec.speculative else None,
-            context_tokens=ctx,
-            scale=self.scale,
-        )
+        # Mean context, rounded to 32 tokens so the cost of a cycle can be cached (the kv
+        # term moves by well under 0.1% per 32 tokens).
+        ctx = 32.0 * round(float(np.mean(self._prompt + self._generated)) / 32.0)
+        key = (b, g, ctx, self.scale)
+        phases = self._phase_cache.get(key)
+        if phases is None:
+            phases = self.profile.cycle_phases_s(
+                b,
+                self.spec,
+                steps=g if self.spec.speculative else None,
+                context_tokens=ctx,
+                scale=self.scale,
+            )
+            if len(self._phase_cache) > 8192:
+                self._phase_cache.clear()
+            self._phase_cache[key] = phases
         dur = float(sum(phases.values()))
         self.now_s += dur
         if self.spec.speculative:
@@ -461,31 +470,56 @@ class WindowResult:
     prefill_steps: float = 0.0
 
 
+# Exact dynamic programming up to this many tokens, renewal asymptote K(m) ~ K(m0) + (m - m0)/E[L]
+# beyond (the chain pmf is aperiodic, so K(m) - m/E[L] converges geometrically fast).
+_DP_EXACT_TOKENS = 256
+
+
 @cache
 def _cycles_per_request(
-    step_pmf: tuple[float, ...], length_pmf_key: tuple[float, float, float, float]
-) -> tuple[float, float, float, float]:
-    """Renewal maths of one request under a per-cycle token pmf (step_pmf[l - 1] = P(l tokens)).
-
-    Returns (E[n], E[K], E[n * K], E[K^...]) where K(m) = decode cycles to emit m = n - 1
-    tokens (the first comes from prefill), computed exactly by K(m) = 1 + sum_l p_l K(m - l)."""
-    w = Workload("_", 0.0, length_pmf_key[0], 1.0, length_pmf_key[1], length_pmf_key[2])
+    step_pmf: tuple[float, ...], length_law: tuple[float, float, float]
+) -> tuple[float, float, float]:
+    """Renewal maths of one request under a per-cycle token pmf (step_pmf[l - 1] = P(l tokens))
+    and a length law (mean, sigma, max factor). Returns (E[n], E[K], E[n K]) where K(m) is the
+    number of decode cycles needed to emit m = n - 1 tokens (the first comes from prefill):
+    K(0) = 0, K(m) = 1 + sum_l p_l K(m - l)."""
+    w = Workload("_", 0.0, length_law[0], 1.0, length_law[1], length_law[2])
     pn = w.output_length_pmf()
     top = len(pn) - 1
     p = np.asarray(step_pmf)
     lmax = len(p)
-    k = np.zeros(top + lmax)  # k[m + lmax - 1] = K(m); K(m <= 0) = 0
+    mean_l = float(np.dot(np.arange(1, lmax + 1), p))
+    exact = min(top, _DP_EXACT_TOKENS)
     off = lmax - 1
-    rev = p[::-1]  # dot with k[m - lmax .. m - 1] gives sum_l p_l K(m - l)
-    for m in range(1, top):
+    k = np.zeros(exact + lmax)  # k[m + off] = K(m); K(m <= 0) = 0
+    rev = p[::-1]  # dot with k[m - lmax + off .. m - 1 + off] = sum_l p_l K(m - l)
+    for m in range(1, exact):
         k[m + off] = 1.0 + float(np.dot(rev, k[m - lmax + off : m + off]))
-    kn = np.zeros(top + 1)
-    kn[1:] = k[off : top + off]  # K(n - 1) for n = 1..top
+    km = np.empty(top)  # K(m) for m = 0..top-1
+    km[:exact] = k[off : exact + off]
+    if top > exact:
+        km[exact:] = km[exact - 1] + (np.arange(exact, top) - (exact - 1)) / mean_l
     n = np.arange(top + 1)
-    en = float(np.dot(pn, n))
-    ek = float(np.dot(pn, kn))
-    enk = float(np.dot(pn, n * kn))
-    return en, ek, enk, float(np.dot(pn, n * n))
+    kn = np.zeros(top + 1)
+    kn[1:] = km  # K(n - 1)
+    return float(np.dot(pn, n)), float(np.dot(pn, kn)), float(np.dot(pn, n * kn))
+
+
+@dataclass(frozen=True)
+class _WindowModel:
+    """Everything about a window that depends only on (workloads, mix, batch, tiers, scale)."""
+
+    t_pf: float  # prefill time per decode cycle
+    cyc: dict[int, float]  # decode cycle time per tier
+    finishes_per_cycle: float
+    p_prefill: float
+    en: np.ndarray
+    ek: np.ndarray
+    shares: np.ndarray
+    trunc: float
+    hist_pmf: dict[int, np.ndarray]  # per tier, accepted-drafts pmf over the batch
+    sd_n: np.ndarray
+    ver_noise: np.ndarray  # var(L) / E[L]^3 per workload
 
 
 class WindowEngine:
@@ -535,8 +569,10 @@ class WindowEngine:
                 spec.adaptive_config,
                 spec_cuda_graph_batch_sizes(self.max_running_requests),
             )
-        self._last_tiers: dict[int, float] | None = None
-        self._means: dict[tuple[object, ...], tuple[np.ndarray, int]] = {}
+        self._last_tiers: tuple[tuple[int, float], ...] | None = None
+        self._models: dict[tuple[object, ...], _WindowModel] = {}
+        self._block_key: tuple[object, ...] | None = None
+        self._blocks: dict[int, tuple[list[float], int]] = {}
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -552,37 +588,41 @@ class WindowEngine:
         return tuple(float(x) for x in out)
 
     def _renewal(self, w: Workload, tiers: Mapping[int, float]) -> tuple[float, float, float]:
-        en, ek, enk, _ = _cycles_per_request(
-            self._step_pmf(w.alpha, tiers),
-            (w.output_tokens, w.output_sigma, w.max_output_factor, 0.0),
+        return _cycles_per_request(
+            self._step_pmf(w.alpha, tiers), (w.output_tokens, w.output_sigma, w.max_output_factor)
         )
-        return en, ek, enk
 
-    def _batch_means(
-        self, g: int, k: int, n: int, alphas: np.ndarray, shares: np.ndarray
-    ) -> np.ndarray:
-        """k batch means of accepted drafts at tier g for n sequences (drawn in chunks)."""
-        key = (g, n, alphas.tobytes(), shares.tobytes())
-        buf, pos = self._means.get(key, (np.zeros(0), 0))
-        out = []
-        need = k
-        while need > 0:
-            if pos >= buf.size:
-                m = max(64, 8192 // n)
-                if len(alphas) == 1:
-                    a = np.full((m, n), alphas[0])
-                else:
-                    a = alphas[self._rng.choice(len(alphas), size=(m, n), p=shares)]
-                buf = draw_accepted_drafts(self._rng, a, g).mean(axis=1)
-                pos = 0
-            take = min(need, buf.size - pos)
-            out.append(buf[pos : pos + take])
-            pos += take
-            need -= take
-        if len(self._means) > 256:  # mixes change by phase: keep the cache small
-            self._means.clear()
-        self._means[key] = (buf, pos)
-        return np.concatenate(out)
+    def _pick(self, alphas: np.ndarray, shares: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """Per-sequence alphas: each sequence's workload drawn by its slot share."""
+        if len(alphas) == 1:
+            return np.full(shape, alphas[0])
+        idx = np.searchsorted(np.cumsum(shares)[:-1], self._rng.random(shape), side="right")
+        return alphas[idx]
+
+    # Above this batch size a batch's mean accepted drafts is drawn from its normal limit
+    # (mean, variance / n of the per-sequence mixture) instead of n chain draws.
+    CLT_BATCH = 16
+
+    def _block_terms(
+        self, g: int, n: int, every: int, ema_alpha: float, alphas: np.ndarray, shares: np.ndarray
+    ) -> list[float]:
+        """A chunk of EMA increments of whole update intervals at tier g: for each block of
+        `every` batches of n sequences, sum_i ema_alpha (1 - ema_alpha)^(every-1-i) x_i where x_i
+        is batch i's mean accepted drafts (drawn from the chain model)."""
+        w = ema_alpha * (1.0 - ema_alpha) ** np.arange(every - 1, -1, -1)
+        if n > self.CLT_BATCH:
+            pmf = sum(
+                s * accepted_drafts_pmf(float(a), g) for s, a in zip(shares, alphas, strict=True)
+            )
+            k = np.arange(g + 1)
+            mean = float(np.dot(pmf, k))
+            var = float(np.dot(pmf, k * k)) - mean * mean
+            sd = math.sqrt(max(0.0, var) / n * float(np.dot(w, w)))
+            return (mean * float(w.sum()) + sd * self._rng.standard_normal(256)).tolist()
+        m = max(16, 4096 // (n * every))
+        a = self._pick(alphas, shares, (m, every, n))
+        means = draw_accepted_drafts(self._rng, a, g).mean(axis=2)  # [m, every]
+        return (means @ w).tolist()
 
     def _run_adaptive(
         self,
@@ -593,21 +633,125 @@ class WindowEngine:
         alphas: np.ndarray,
         shares: np.ndarray,
     ) -> dict[int, int]:
-        """Run SGLang's rule over the window's cycles; returns cycles per tier."""
+        """Run SGLang's rule over the window's cycles; returns cycles per tier.
+
+        After warmup the rule decides every `update_interval` batches and the tier is constant
+        in between, so whole intervals are applied at once (EMA in closed form from pre-drawn
+        block increments); the last interval may run past the window, and that time is carried
+        into the next one."""
         slot = rule.slots[rule.bucket(n)]
+        cfg = slot.cfg
+        every = cfg.update_interval
+        decay = (1.0 - cfg.ema_alpha) ** every
+        # Slot shares move a little with the window's tier mix; 1% steps keep the draws reused.
+        shares = np.round(shares, 2)
+        shares = shares / shares.sum()
+        key = (rule.bucket(n), n, alphas.tobytes(), shares.tobytes())
+        if key != self._block_key:
+            self._block_key, self._blocks = key, {}
         counts: dict[int, int] = {}
         t = self._debt_s
         while t < budget_s:
             g = slot.current_steps
-            k = min(slot.batches_to_next_decision(), max(1, math.ceil((budget_s - t) / dt[g])))
-            means = self._batch_means(g, k, n, alphas, shares) if g > 0 else np.zeros(k)
-            slot.advance(means)
+            if slot.batch_count < cfg.warmup_batches:
+                k = cfg.warmup_batches - slot.batch_count
+                means = np.zeros(k)
+                if g > 0:
+                    a = (
+                        np.resize(alphas, (k, n))
+                        if len(alphas) == 1
+                        else alphas[self._rng.choice(len(alphas), size=(k, n), p=shares)]
+                    )
+                    means = draw_accepted_drafts(self._rng, a, g).mean(axis=1)
+                slot.advance(means)
+            else:
+                k = every
+                if g > 0:
+                    buf, pos = self._blocks.get(g, ([], 0))
+                    if pos >= len(buf):
+                        buf, pos = self._block_terms(g, n, every, cfg.ema_alpha, alphas, shares), 0
+                    slot.ema_accept_len = decay * slot.ema_accept_len + buf[pos]
+                    self._blocks[g] = (buf, pos + 1)
+                slot.batch_count += every
+                slot.recompute()
             counts[g] = counts.get(g, 0) + k
             t += k * dt[g]
         self._debt_s = t - budget_s
         return counts
 
     # -- the window -------------------------------------------------------------------------
+
+    def _model(
+        self,
+        ws: tuple[Workload, ...],
+        mixw: tuple[float, ...],
+        n_run: int,
+        tiers: tuple[tuple[int, float], ...],
+        scale: CostScale,
+    ) -> _WindowModel:
+        key = (ws, mixw, n_run, tiers, scale)
+        hit = self._models.get(key)
+        if hit is not None:
+            return hit
+        spec, prof = self.spec, self.profile
+        tier_map = dict(tiers)
+        mix = np.asarray(mixw)
+        ren = np.array([self._renewal(w, tier_map) for w in ws])  # [w, (E n, E K, E nK)]
+        en, ek, enk = ren[:, 0], ren[:, 1], ren[:, 2]
+        ek_mix = float(np.dot(mix, ek))
+        shares = mix * ek / ek_mix  # time share of decode slots per workload
+        prompts = np.array([float(round(w.prompt_tokens)) for w in ws])
+        # Mean context over decode cycles: prompt + (n + 1) / 2 on average over a request.
+        ctx = float(np.dot(mix, prompts * ek + (enk + ek) / 2.0)) / ek_mix
+        finishes = n_run / ek_mix
+        # Slots finish independently, so a cycle is followed by a prefill step with
+        # probability 1 - (1 - 1/E[K])^N; every admitted prompt adds its per-token cost.
+        p_prefill = 1.0 - (1.0 - min(1.0, 1.0 / ek_mix)) ** n_run
+        pf_fixed = prof.prefill_s(1, 0.0, spec, scale)
+        pf_per_tok = (prof.prefill_s(1, 1000.0, spec, scale) - pf_fixed) / 1000.0
+        t_pf = p_prefill * pf_fixed + finishes * float(np.dot(mix, prompts)) * pf_per_tok
+        cands = spec.tiers if spec.speculative else (0,)
+        cyc = {
+            g: float(prof.cycle_s(n_run, spec, g if spec.speculative else None, ctx, scale))
+            for g in set(cands) | set(tier_map)
+        }
+        pmfs = [np.asarray(self._step_pmf(w.alpha, tier_map)) for w in ws]
+        ls = [np.arange(1, len(pm) + 1) for pm in pmfs]
+        el = np.array([float(np.dot(pm, lv)) for pm, lv in zip(pmfs, ls, strict=True)])
+        var_l = (
+            np.array([float(np.dot(pm, lv * lv)) for pm, lv in zip(pmfs, ls, strict=True)]) - el**2
+        )
+        mean_l = float(np.dot(shares, el))
+        gmax = max(spec.tiers) if spec.speculative else 0
+        hist_pmf: dict[int, np.ndarray] = {}
+        for g in tier_map:
+            pmf = np.zeros(gmax + 1)
+            if g == 0 or not spec.speculative:
+                pmf[0] = 1.0
+            else:
+                for sh, w in zip(shares, ws, strict=True):
+                    pmf[: g + 1] += sh * accepted_drafts_pmf(w.alpha, g)
+                pmf /= pmf.sum()
+            hist_pmf[g] = pmf
+        model = _WindowModel(
+            t_pf=t_pf,
+            cyc=cyc,
+            finishes_per_cycle=finishes,
+            p_prefill=p_prefill,
+            en=en,
+            ek=ek,
+            shares=shares,
+            # Truncation at the output length: emitted decode tokens per slot-cycle are
+            # E[n - 1] / E[K], not E[L].
+            trunc=float(np.dot(mix, en - 1.0)) / ek_mix / mean_l,
+            hist_pmf=hist_pmf,
+            sd_n=np.array([w.output_length_moments()[1] for w in ws]),
+            ver_noise=np.maximum(0.0, var_l) / el**3,
+        )
+        if len(self._models) > 512:  # scenario phases change mixes: keep the cache bounded
+            self._models.clear()
+        self._models[key] = model
+        return model
 
     def run_window(
         self,
@@ -630,113 +774,85 @@ class WindowEngine:
             raise ValueError("mix must give a positive weight to at least one workload")
         if concurrency == 0 or duration_s == 0:
             return self._idle(duration_s)
-        ws = [_resolve_workload(self.workloads, k) for k in labels]
-        mixw = np.array([mix[k] for k in labels], dtype=float)
-        mixw /= mixw.sum()
-        spec, prof = self.spec, self.profile
+        ws = tuple(_resolve_workload(self.workloads, k) for k in labels)
+        total = float(sum(mix[k] for k in labels))
+        mixw = tuple(float(mix[k]) / total for k in labels)
+        spec = self.spec
         n_run = min(concurrency, self.max_running_requests)
         # KV pool limit on concurrent requests (mean context per request).
-        mean_ctx_req = float(np.dot(mixw, [w.prompt_tokens + w.output_tokens for w in ws]))
-        n_run = max(1, min(n_run, int(prof.serving.kv_capacity_tokens // max(1.0, mean_ctx_req))))
+        mean_ctx_req = sum(
+            m * (w.prompt_tokens + w.output_tokens) for m, w in zip(mixw, ws, strict=True)
+        )
+        kv_cap = self.profile.serving.kv_capacity_tokens
+        n_run = max(1, min(n_run, int(kv_cap // max(1.0, mean_ctx_req))))
         queued = concurrency - n_run
-        alphas = np.array([w.alpha for w in ws])
-        prompts = np.array([float(round(w.prompt_tokens)) for w in ws])
-        mean_prompt = float(np.dot(mixw, prompts))
-        pf_fixed = prof.prefill_s(1, 0.0, spec, scale)
-        pf_per_tok = (prof.prefill_s(1, 1000.0, spec, scale) - pf_fixed) / 1000.0
-
-        def renewal(tiers: Mapping[int, float]) -> tuple[np.ndarray, ...]:
-            ren = np.array([self._renewal(w, tiers) for w in ws])  # [w, (E n, E K, E nK)]
-            return ren[:, 0], ren[:, 1], ren[:, 2]
-
-        def per_cycle(tiers: Mapping[int, float]) -> tuple[float, dict[int, float], float, float]:
-            """(prefill time per decode cycle, cycle time per tier, finishes per cycle,
-            mean context) under a tier mix."""
-            _en, ek, enk = renewal(tiers)
-            ek_mix = float(np.dot(mixw, ek))
-            # Mean context over decode cycles: prompt + (n + 1) / 2 on average over a request.
-            ctx = float(np.dot(mixw, prompts * ek + (enk + ek) / 2.0)) / ek_mix
-            finishes = n_run / ek_mix
-            p_prefill = 1.0 - (1.0 - min(1.0, 1.0 / ek_mix)) ** n_run
-            t_pf = p_prefill * pf_fixed + finishes * mean_prompt * pf_per_tok
-            cands = spec.tiers if spec.speculative else (0,)
-            cyc = {
-                g: float(prof.cycle_s(n_run, spec, g if spec.speculative else None, ctx, scale))
-                for g in cands
-            }
-            return t_pf, cyc, finishes, p_prefill
-
         rng = self._rng
+
         if self.adaptive is not None:
-            prior = self._last_tiers or {self.adaptive.steps_for_batch(n_run): 1.0}
-            t_pf, cyc, _, _ = per_cycle(prior)
-            _en0, ek0, _ = renewal(prior)
-            shares0 = mixw * ek0 / float(np.dot(mixw, ek0))
-            dt = {g: c + t_pf for g, c in cyc.items()}
-            tiers_used = self._run_adaptive(self.adaptive, n_run, duration_s, dt, alphas, shares0)
+            prior = self._last_tiers or ((self.adaptive.steps_for_batch(n_run), 1.0),)
+            m0 = self._model(ws, mixw, n_run, prior, scale)
+            dt = {g: c + m0.t_pf for g, c in m0.cyc.items()}
+            alphas = np.array([w.alpha for w in ws])
+            tiers_used = self._run_adaptive(self.adaptive, n_run, duration_s, dt, alphas, m0.shares)
             cycles = sum(tiers_used.values())
         else:
             g0 = spec.num_steps if spec.speculative else 0
-            t_pf, cyc, _, _ = per_cycle({g0: 1.0})
-            cycles_exact = duration_s / (cyc[g0] + t_pf) + self._carry
+            m0 = self._model(ws, mixw, n_run, ((g0, 1.0),), scale)
+            cycles_exact = duration_s / (m0.cyc[g0] + m0.t_pf) + self._carry
             cycles = int(cycles_exact)
             self._carry = cycles_exact - cycles
             tiers_used = {g0: cycles} if cycles else {}
         if cycles == 0:
             return self._idle(duration_s, n_run, queued)
-        tiers = {g: c / cycles for g, c in tiers_used.items()}
-        self._last_tiers = tiers
-        t_pf, cyc, finishes_per_cycle, p_prefill = per_cycle(tiers)
-        en, ek, _ = renewal(tiers)
-        ek_mix = float(np.dot(mixw, ek))
-        shares = mixw * ek / ek_mix  # time share of decode slots per workload
-        step_time = float(sum(c * cyc[g] for g, c in tiers_used.items()))
+        if self.adaptive is not None:
+            # The renewal maths use the window's tier mix, rounded to 1% to keep the cache hot.
+            tiers = tuple(sorted((g, round(c / cycles, 2)) for g, c in tiers_used.items()))
+            tiers = tuple((g, p) for g, p in tiers if p > 0) or ((max(tiers_used), 1.0),)
+            norm = sum(p for _, p in tiers)
+            tiers = tuple((g, p / norm) for g, p in tiers)
+            self._last_tiers = tiers
+            m = self._model(ws, mixw, n_run, tiers, scale)
+        else:
+            m = m0
+        step_time = float(sum(c * m.cyc[g] for g, c in tiers_used.items()))
 
         # Verify events and the accepted-drafts histogram (one event per slot per cycle).
-        gmax = max(spec.tiers) if spec.speculative else 0
-        hist = np.zeros(gmax + 1)
-        pmfs = [np.asarray(self._step_pmf(float(a), tiers)) for a in alphas]
-        mean_l = float(np.dot(shares, [np.dot(np.arange(1, len(pm) + 1), pm) for pm in pmfs]))
         if spec.speculative:
+            gmax = max(spec.tiers)
+            hist = np.zeros(gmax + 1)
             for g, c in tiers_used.items():
-                events = c * n_run
-                if g == 0:
-                    hist[0] += events
-                    continue
-                pmf = np.zeros(gmax + 1)
-                for s, a in zip(shares, alphas, strict=True):
-                    pmf[: g + 1] += s * accepted_drafts_pmf(float(a), g)
-                hist += rng.multinomial(events, pmf / pmf.sum())
+                pmf = m.hist_pmf.get(g)
+                if pmf is None:  # a tier rounded away from the mix
+                    pmf = np.zeros(gmax + 1)
+                    pmf[0] = 1.0 if g == 0 else 0.0
+                    if g > 0:
+                        for sh, w in zip(m.shares, ws, strict=True):
+                            pmf[: g + 1] += sh * accepted_drafts_pmf(w.alpha, g)
+                hist += rng.multinomial(c * n_run, pmf / pmf.sum())
             raw_tokens = float(np.dot(np.arange(1, gmax + 2), hist))
         else:
+            hist = np.zeros(0)
             raw_tokens = float(cycles * n_run)
-        # Truncation at the output length: emitted decode tokens per slot-cycle are
-        # E[n - 1] / E[K], not E[L].
-        trunc = float(np.dot(mixw, en - 1.0)) / ek_mix / mean_l
-        req = rng.poisson(cycles * finishes_per_cycle * mixw).astype(float)
-        output_tokens = raw_tokens * trunc + float(req.sum())
+        req = rng.poisson(cycles * m.finishes_per_cycle * np.asarray(mixw)).astype(float)
+        output_tokens = raw_tokens * m.trunc + float(req.sum())
 
         gen: dict[str, float] = {}
         ver: dict[str, float] = {}
         reqs: dict[str, float] = {}
-        for i, (label, w) in enumerate(zip(labels, ws, strict=True)):
+        noise = rng.standard_normal((len(labels), 2))
+        for i, label in enumerate(labels):
             r = float(req[i])
-            gen[label] = ver[label] = reqs[label] = 0.0
-            if r <= 0:
-                continue
-            pn = w.output_length_pmf()
-            sd_n = math.sqrt(max(0.0, float(np.dot(pn, np.arange(len(pn)) ** 2)) - en[i] ** 2))
-            g_tok = max(r, rng.normal(r * en[i], math.sqrt(r) * sd_n))
-            v = 0.0
-            if spec.speculative:
-                mu = (en[i] - 1.0) / ek[i] if ek[i] > 0 else 1.0
-                v = r * ek[i] + (g_tok - r * en[i]) / mu
-                # Acceptance randomness given the lengths: var(K | n) ~ n var(L) / E[L]^3.
-                ls = np.arange(1, len(pmfs[i]) + 1)
-                el = float(np.dot(pmfs[i], ls))
-                var_l = float(np.dot(pmfs[i], ls**2)) - el**2
-                v = max(0.0, rng.normal(v, math.sqrt(max(0.0, g_tok * var_l / el**3))))
-            gen[label], ver[label], reqs[label] = float(round(g_tok)), float(round(v)), r
+            g_tok = v = 0.0
+            if r > 0:
+                g_tok = max(r, r * m.en[i] + math.sqrt(r) * m.sd_n[i] * noise[i, 0])
+                if spec.speculative:
+                    mu = (m.en[i] - 1.0) / m.ek[i] if m.ek[i] > 0 else 1.0
+                    v = r * m.ek[i] + (g_tok - r * m.en[i]) / mu
+                    # Acceptance randomness given the lengths: var(K | n) ~ n var(L) / E[L]^3.
+                    v = max(0.0, v + math.sqrt(g_tok * m.ver_noise[i]) * noise[i, 1])
+            gen[label] = gen.get(label, 0.0) + float(round(g_tok))
+            ver[label] = ver.get(label, 0.0) + float(round(v))
+            reqs[label] = reqs.get(label, 0.0) + r
         return WindowResult(
             duration_s=duration_s,
             cycles=cycles,
@@ -748,11 +864,11 @@ class WindowEngine:
             sum_step_s=step_time,
             sum_bs2=float(cycles * n_run * n_run),
             sum_bs_step_s=step_time * n_run,
-            accepted_drafts_hist=hist.tolist() if spec.speculative else [],
+            accepted_drafts_hist=hist.tolist(),
             mean_running=float(n_run),
             mean_queued=float(queued),
             tiers_used=tiers_used,
-            prefill_steps=cycles * p_prefill,
+            prefill_steps=cycles * m.p_prefill,
         )
 
     def _idle(self, duration_s: float, running: int = 0, queued: int = 0) -> WindowResult:

@@ -64,6 +64,7 @@ warmup_s = 10.0
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 import tomllib
@@ -261,21 +262,33 @@ class Workload:
         return int(n[0]) if size is None else n
 
     def output_length_pmf(self) -> np.ndarray:
-        """pmf[n] = P(output length == n), n = 0..max_output (pmf[0] = 0)."""
-        top = self.max_output
-        pmf = np.zeros(top + 1)
-        if self.output_sigma == 0:
-            pmf[min(top, max(1, round(self.output_tokens)))] = 1.0
-            return pmf
-        from scipy.stats import lognorm
+        """pmf[n] = P(output length == n), n = 0..max_output (pmf[0] = 0). Read-only, cached."""
+        return _length_pmf(self.output_tokens, self.output_sigma, self.max_output, self._mu())
 
-        dist = lognorm(s=self.output_sigma, scale=math.exp(self._mu()))
-        edges = np.arange(top + 1) + 0.5  # n rounds to n for x in [n - .5, n + .5)
-        cdf = dist.cdf(edges)
-        pmf[1] = cdf[1]  # everything below 1.5 rounds (or clips) to 1
+    def output_length_moments(self) -> tuple[float, float]:
+        """(mean, standard deviation) of the output length law."""
+        pmf = self.output_length_pmf()
+        n = np.arange(len(pmf))
+        mean = float(np.dot(pmf, n))
+        return mean, math.sqrt(max(0.0, float(np.dot(pmf, n * n)) - mean * mean))
+
+
+@functools.cache
+def _length_pmf(mean: float, sigma: float, top: int, mu: float) -> np.ndarray:
+    pmf = np.zeros(top + 1)
+    if sigma == 0:
+        pmf[min(top, max(1, round(mean)))] = 1.0
+    else:
+        from scipy.special import ndtr  # normal CDF; scipy.stats is slow to import
+
+        cdf = ndtr((np.log(np.arange(top + 1) + 0.5) - mu) / sigma)
+        # n rounds to n for x in [n - .5, n + .5); below 1.5 rounds or clips to 1; the upper
+        # tail is clipped to top.
+        pmf[1] = cdf[1]
         pmf[2:top] = np.diff(cdf[1:top])
-        pmf[top] = 1.0 - cdf[top - 1]  # the clipped upper tail
-        return pmf
+        pmf[top] = 1.0 - cdf[top - 1]
+    pmf.setflags(write=False)
+    return pmf
 
 
 def expected_accept_length(alpha: float, draft_tokens_minus_1: int) -> float:
