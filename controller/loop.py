@@ -15,7 +15,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -27,7 +27,6 @@ from controller.observe import ObserveError, scrape
 from controller.settings import Settings, policy_settings
 from policies import decide as policy
 from policies.observation import diff
-from policies.trial import TrialOutcome, assess_trial
 from policies.types import (
     Action,
     Decision,
@@ -53,19 +52,6 @@ class ConflictError(Exception):
 
 class UnknownProfileError(KeyError):
     """A profile name not in config.toml: the API answers 404."""
-
-
-@dataclass
-class Trial:
-    """The switch being judged: measured tok/s windows against the prediction."""
-
-    switch_id: int
-    profile: str
-    from_profile: str | None
-    predicted: Estimate | None
-    started_s: float
-    windows: list[float] = field(default_factory=list)
-    state: str = "running"
 
 
 @dataclass
@@ -111,7 +97,7 @@ class Controller:
         self.last_decision: Decision | None = None
         self.predictions: list[ProfilePrediction] = []
         self.overrides = Overrides(mode=self.mode)
-        self.trial: Trial | None = None
+        self.trial_switch_id: int | None = None  # store id of the switch whose trial runs
         self.history: deque[TickRecord] = deque(maxlen=720)
         self.crash_restarts = 0
         self.next_crash_restart_s = 0.0
@@ -146,7 +132,6 @@ class Controller:
         if saved:
             try:
                 self.state = policy.PolicyState.from_dict(saved)
-                self.state = policy.set_running(self.state, self.running, now)
                 log.info("warm start: policy state restored from the database")
             except (KeyError, TypeError, ValueError) as e:
                 log.warning("saved policy state unusable (%s); starting cold", e)
@@ -210,7 +195,7 @@ class Controller:
         """One control step. Never raises for a bad scrape or a failed switch: it records them."""
         t_real = time.perf_counter()
         now = self.clock.now()
-        assert self.state is not None and self.running is not None, "startup() first"
+        assert self.state is not None, "startup() first"
         self._expire_overrides(now)
 
         crash = await self._check_crash(now)
@@ -221,7 +206,10 @@ class Controller:
         scrape_ok = True
         try:
             snap = await scrape(
-                self.client, self.settings.server.base_url, profile=self.running, t_s=now
+                self.client,
+                self.settings.server.base_url,
+                profile=self.running or "(none)",
+                t_s=now,
             )
         except ObserveError as e:
             scrape_ok = False
@@ -239,12 +227,14 @@ class Controller:
             self.last_obs = obs
             self.store.record_observation(obs)
             self.metrics.observe_window(obs)
-            self._judge_trial(obs, now)
 
         if not scrape_ok or obs is not None:
+            trial_before = self.state.trial
             self.state, decision = policy.decide(
                 self.state, obs, now, self.psettings, self.overrides
             )
+            self._record_trial_end(trial_before, decision, now)
+            self._record_findings(now)
         else:
             # First good scrape after a start: a window needs two snapshots.
             decision = Decision(
@@ -253,9 +243,7 @@ class Controller:
         self.predictions = policy.predictions(self.state)
         self.metrics.set_predictions(self.predictions)
 
-        if self.trial is not None and self.trial.state == "failed":
-            decision = await self._rollback(now, Reason.ROLLBACK_TRIAL_FAILED, decision)
-        elif decision.action is Action.SWITCH and decision.profile != self.running:
+        if decision.action is Action.SWITCH and decision.profile != self.running:
             decision = await self._act(decision, now)
         else:
             self._record_decision(decision, acted=False)
@@ -322,86 +310,72 @@ class Controller:
             self.state, result.to_profile, ok, result.downtime_s, self.clock.now()
         )
         self.prev = None  # counters restart with the server
+        if reason.value.startswith("rollback"):
+            self.metrics.rollbacks.labels(reason.value).inc()
         if ok:
             self.running = result.to_profile
-            self.trial = Trial(switch_id, result.to_profile, result.from_profile, predicted, now)
-            self.store.record_trial(
-                switch_id, "running", now, predicted_tok_s=predicted.mean if predicted else None
-            )
+            if self.state.trial is not None:
+                # The policy judges the new profile against its prediction (policies.trial).
+                self.trial_switch_id = switch_id
+                self.store.record_trial(
+                    switch_id,
+                    "running",
+                    now,
+                    predicted_tok_s=predicted.mean if predicted else None,
+                )
+            elif reason is not Reason.ROLLBACK_TRIAL_FAILED:
+                self.last_good = result.to_profile
         elif result.outcome is SwitchOutcome.UNKNOWN:
             self.overrides = replace(self.overrides, blocked_reason=self.funnel.blocked_reason)
             self._save_overrides()
             log.error("switch outcome unknown: automatic switching stopped: %s", result.error)
         else:
-            self.metrics.rollbacks.labels(Reason.ROLLBACK_START_FAILED.value).inc()
+            # Nothing serves now; the policy's next decision rolls back (ROLLBACK_START_FAILED).
+            self.running = None
             log.error("switch to %s failed to start: %s", result.to_profile, result.error)
-            # The actuator left nothing running; go back to the last good profile.
-            self._schedule_rollback_start(result.to_profile)
         self.metrics.set_profile(self.running)
 
-    def _schedule_rollback_start(self, failed: str) -> None:
-        self._pending_rollback = failed
-
-    async def _rollback(self, now: float, reason: Reason, cause: Decision) -> Decision:
-        trial = self.trial
-        target = self.last_good if self.last_good and self.last_good != self.running else None
-        self.trial = None
-        if target is None:
-            self._record_decision(cause, acted=False)
-            return cause
-        d = Decision(
-            now,
-            Action.SWITCH,
-            target,
-            reason,
-            {
-                "failed_profile": trial.profile if trial else self.running,
-                "predicted_tok_s": trial.predicted.mean if trial and trial.predicted else None,
-                "observed_tok_s": (
-                    sum(trial.windows) / len(trial.windows) if trial and trial.windows else None
-                ),
-            },
-        )
-        self.metrics.rollbacks.labels(reason.value).inc()
-        return await self._act(d, now)
-
-    def _judge_trial(self, obs: Observation, now: float) -> None:
-        trial = self.trial
-        if trial is None or trial.state != "running" or obs.profile != trial.profile:
+    def _record_trial_end(self, before: dict[str, Any] | None, d: Decision, now: float) -> None:
+        """Mirror the policy's trial into the store when it ends."""
+        sid = self.trial_switch_id
+        if before is None or sid is None or self.state is None or self.state.trial is not None:
             return
-        rate = obs.output_tok_s
-        if rate is not None:
-            trial.windows.append(rate)
-        outcome = assess_trial(trial.predicted, trial.windows, self.psettings)
-        if outcome in (TrialOutcome.PENDING, TrialOutcome.RUNNING):
-            return
-        trial.state = outcome.value
-        observed = sum(trial.windows) / len(trial.windows) if trial.windows else None
+        if d.reason is Reason.ROLLBACK_TRIAL_FAILED:
+            outcome = "failed"
+        else:
+            outcome = str(d.diagnostics.get("trial_outcome") or "inconclusive")
+            if outcome not in ("successful", "failed", "inconclusive"):
+                outcome = "inconclusive"
+        windows = list(before.get("windows") or [])
         self.store.record_trial(
-            trial.switch_id,
-            outcome.value,
+            sid,
+            outcome,
             now,
-            predicted_tok_s=trial.predicted.mean if trial.predicted else None,
-            observed_tok_s=observed,
-            detail={"windows": trial.windows},
+            predicted_tok_s=(before.get("predicted") or {}).get("mean"),
+            observed_tok_s=sum(windows) / len(windows) if windows else None,
+            detail={"windows": windows},
         )
-        log.info(
-            "trial of %s %s: observed %.1f tok/s vs predicted %s",
-            trial.profile,
-            outcome.value,
-            observed or float("nan"),
-            f"{trial.predicted.mean:.1f}" if trial.predicted else "n/a",
-        )
-        if outcome is TrialOutcome.SUCCESSFUL:
-            self.last_good = trial.profile
-            self.trial = None
-        elif outcome is TrialOutcome.INCONCLUSIVE:
-            self.trial = None  # keep running it; the estimators learn from it either way
+        if outcome == "successful":
+            self.last_good = str(before["profile"])
+        log.info("trial of %s: %s", before.get("profile"), outcome)
+        self.trial_switch_id = None
+
+    def _record_findings(self, now: float) -> None:
+        assert self.state is not None
+        for f in self.state.new_findings:
+            msg = (
+                f"{f.kind}: {f.subject} moved from {f.before:.4g} to {f.after:.4g}"
+                f"{' ' + f.unit if f.unit else ''}"
+            )
+            self.store.record_finding(f.kind, now, msg, subject=f.subject, numbers=f.to_dict())
+            self.metrics.findings.labels(f.kind).inc()
+            log.warning("finding: %s", msg)
 
     async def _check_crash(self, now: float) -> Decision | None:
         """The server died outside a switch: restart the same profile, with backoff."""
-        pending = getattr(self, "_pending_rollback", None)
-        if pending is None and (self.funnel.busy or await self.actuator.alive()):
+        if self.running is None:
+            return None  # a failed start: the policy's rollback decides what starts next
+        if self.funnel.busy or await self.actuator.alive():
             return None
         if now < self.next_crash_restart_s:
             d = Decision(
@@ -413,20 +387,18 @@ class Controller:
             )
             self._remember(d)
             return d
-        if pending is not None:
-            self._pending_rollback = None
-            target = self.last_good or self.settings.server.initial_profile
-            reason = Reason.ROLLBACK_START_FAILED
-        else:
-            target = self.running or self.settings.server.initial_profile
-            reason = Reason.RESTART_CRASHED
-            self.crash_restarts += 1
+        target = self.running
+        reason = Reason.RESTART_CRASHED
+        self.crash_restarts += 1
         d = Decision(now, Action.SWITCH, target, reason, {"crash_restarts": self.crash_restarts})
         self._record_decision(d, acted=True)
         result = await self.actuator.start(target)
-        switch_id = self._record_switch(result, reason, now)
+        self._record_switch(result, reason, now)
         self.prev = None
         if result.outcome is SwitchOutcome.OK:
+            self.state = policy.on_switch_done(
+                self.state, target, True, result.downtime_s, self.clock.now()
+            )
             self.running = target
             self.next_crash_restart_s = 0.0
         else:
@@ -436,7 +408,6 @@ class Controller:
             )
             self.next_crash_restart_s = self.clock.now() + backoff
             log.error("restart of %s failed (%s); next try in %.0fs", target, result.error, backoff)
-        _ = switch_id
         self.metrics.set_profile(self.running)
         self._remember(d)
         return d
@@ -514,27 +485,37 @@ class Controller:
         self._save_overrides()
 
     def abort_trial(self, reason: str, actor: str) -> bool:
-        """Judge the running trial failed now: the next tick rolls back to the last good profile."""
-        if self.trial is None:
+        """Judge the running trial failed now and roll back to the profile before it."""
+        assert self.state is not None
+        trial = self.state.trial
+        if trial is None:
             return False
+        if self.funnel.busy or (self._manual is not None and not self._manual.done()):
+            raise ConflictError("a switch is in flight")
         now = self.clock.now()
-        self.trial.state = "failed"
-        self.store.record_trial(
-            self.trial.switch_id,
-            "failed",
-            now,
-            predicted_tok_s=self.trial.predicted.mean if self.trial.predicted else None,
-            detail={"aborted_by": actor, "reason": reason},
-        )
         self.store.record_override(
-            "trial_abort",
-            now,
-            actor,
-            profile=self.trial.profile,
-            ttl_s=None,
-            until_s=None,
-            reason=reason,
+            "trial_abort", now, actor, profile=str(trial["profile"]), reason=reason
         )
+        self.state.trial = None
+        if self.trial_switch_id is not None:
+            windows = list(trial.get("windows") or [])
+            self.store.record_trial(
+                self.trial_switch_id,
+                "failed",
+                now,
+                predicted_tok_s=(trial.get("predicted") or {}).get("mean"),
+                observed_tok_s=sum(windows) / len(windows) if windows else None,
+                detail={"aborted_by": actor, "reason": reason},
+            )
+            self.trial_switch_id = None
+        d = Decision(
+            now,
+            Action.SWITCH,
+            str(trial["from"]),
+            Reason.ROLLBACK_TRIAL_FAILED,
+            {"aborted_by": actor, "failed_profile": str(trial["profile"])},
+        )
+        self._manual = asyncio.create_task(self._manual_switch(d))
         return True
 
     def start_manual_switch(self, profile: str, reason: str, actor: str) -> None:
@@ -584,19 +565,7 @@ class Controller:
             "switch_in_flight": self.funnel.busy,
             "ready": self.ready,
             "overrides": self.override_view(),
-            "trial": (
-                {
-                    "profile": self.trial.profile,
-                    "from_profile": self.trial.from_profile,
-                    "state": self.trial.state,
-                    "windows": len(self.trial.windows),
-                    "predicted_tok_s": (
-                        self.trial.predicted.to_dict() if self.trial.predicted else None
-                    ),
-                }
-                if self.trial
-                else None
-            ),
+            "trial": self._trial_view(),
             "observed": (
                 {
                     "t_s": obs.t_s,
@@ -610,6 +579,20 @@ class Controller:
             ),
             "estimates": [prediction_view(p) for p in self.predictions],
             "last_decision": decision_view(d) if d else None,
+        }
+
+    def _trial_view(self) -> dict[str, Any] | None:
+        tr = self.state.trial if self.state is not None else None
+        if tr is None:
+            return None
+        windows = list(tr.get("windows") or [])
+        return {
+            "profile": tr.get("profile"),
+            "from_profile": tr.get("from"),
+            "state": "running",
+            "windows": len(windows),
+            "observed_tok_s": sum(windows) / len(windows) if windows else None,
+            "predicted_tok_s": tr.get("predicted"),
         }
 
     async def run(
