@@ -18,6 +18,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from controller.bench.report import plot_scenario, print_results, write_json
 from controller.bench.runner import ScenarioResult, run_scenario
@@ -82,7 +83,7 @@ def bench(
     in hindsight, SGLang adaptive, a vLLM-style batch threshold, greedy, UCB and the two oracles."""
     # Wide enough for the table when stdout is not a terminal (CI logs, pipes).
     console = Console(width=None if Console().is_terminal else 132)
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     paths = list(scenario) if scenario else shipped_scenarios()
     if not paths:
         err.print("[red]specpilot bench:[/red] no scenario files given and none shipped")
@@ -98,10 +99,10 @@ def bench(
     try:
         scenarios = [load_scenario(p).scaled(scale) for p in paths]
     except ScenarioError as e:
-        err.print(f"[red]specpilot bench:[/red] {e}")
+        err.print(f"[red]specpilot bench:[/red] {escape(str(e))}")
         raise typer.Exit(2) from None
     except ValueError as e:  # a bad --hours-scale
-        err.print(f"[red]specpilot bench:[/red] {e}")
+        err.print(f"[red]specpilot bench:[/red] {escape(str(e))}")
         raise typer.Exit(2) from None
     policies = list(policy) if policy else None
     if policies is not None:

@@ -142,7 +142,9 @@ class VirtualServer:
         self.decode_tokens = 0.0
         self.cycles = 0.0
         self.moments = np.zeros(6)
-        self.hist = np.zeros(0)
+        # The accepted-drafts histogram exists (all zeros) from the start, as the simulator
+        # reports it; per-workload series appear on first use, as Prometheus labels do.
+        self.hist = np.zeros(max(bp.sim.tiers) + 1 if bp.sim.speculative else 0)
         self.last: WindowResult | None = None
 
     def restart_s(self, profile: str) -> float:

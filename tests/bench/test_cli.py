@@ -1,0 +1,121 @@
+"""`specpilot bench` end to end (short): JSON rows with the exact keys, every policy, a PNG,
+friendly errors; the full shipped run is slow-marked."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from controller.bench.cli import bench
+from controller.bench.metrics import JSON_KEYS
+from controller.bench.report import target_checks
+from controller.bench.runner import run_scenario
+from controller.bench.scenario import load_scenario, shipped_scenarios
+
+app = typer.Typer()
+app.command()(bench)
+runner = CliRunner()
+
+SHORT = """
+name = "e2e"
+profile = "kimi-k2.5-pcie-tuned"
+seed = 9
+max_running_requests = 64
+[[phases]]
+duration_s = 1200
+concurrency = 1
+workloads = { chat = 1.0 }
+[[phases]]
+duration_s = 1200
+concurrency = 64
+workloads = { chat = 1.0 }
+"""
+
+
+def test_short_bench_writes_json_with_exact_keys(tmp_path: Path) -> None:
+    sc = tmp_path / "e2e.toml"
+    sc.write_text(SHORT)
+    out = tmp_path / "out" / "bench.json"
+    png = tmp_path / "png"
+    r = runner.invoke(
+        app, ["--scenario", str(sc), "--json", str(out), "--png-dir", str(png), "--timing"]
+    )
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())
+    assert all(tuple(row) == JSON_KEYS for row in rows)
+    policies = [row["policy"] for row in rows]
+    assert policies == [
+        "specpilot",
+        "oracle_dp",
+        "oracle_free",
+        "best_static",
+        "static:baseline",
+        "static:eagle3-2step",
+        "static:eagle3-5step",
+        "sglang_adaptive",
+        "vllm_batch_threshold",
+        "greedy",
+        "ucb",
+    ]
+    by = {row["policy"]: row for row in rows}
+    assert by["oracle_dp"]["ratio_oracle_dp"] == 1.0
+    assert by["best_static"]["ratio_best_static"] == 1.0
+    assert all(row["scenario"] == "e2e" for row in rows)
+    assert all(isinstance(row["switches"], int) and row["tokens"] > 0 for row in rows)
+    assert (png / "e2e.png").stat().st_size > 10_000
+    assert "timing:" in r.output and "specpilot" in r.output
+
+
+def test_policy_filter_and_hours_scale(tmp_path: Path) -> None:
+    sc = tmp_path / "e2e.toml"
+    sc.write_text(SHORT)
+    out = tmp_path / "b.json"
+    r = runner.invoke(
+        app,
+        [
+            "-s",
+            str(sc),
+            "--json",
+            str(out),
+            "-p",
+            "greedy",
+            "-p",
+            "oracle_dp",
+            "--hours-scale",
+            "0.5",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert [row["policy"] for row in json.loads(out.read_text())] == ["oracle_dp", "greedy"]
+    assert "hours x0.5" in r.output
+
+
+def test_errors_are_friendly(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SHORT.replace("concurrency = 64", "concurrency = -1"))
+    r = runner.invoke(app, ["-s", str(bad)])
+    assert r.exit_code == 2
+    assert "bad.toml: phases[1].concurrency" in r.output
+    good = tmp_path / "e2e.toml"
+    good.write_text(SHORT)
+    r = runner.invoke(app, ["-s", str(good), "-p", "nope"])
+    assert r.exit_code == 2 and "unknown policy 'nope'" in r.output
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("SPECPILOT_LONG") != "1", reason="SPECPILOT_LONG=1 runs it")
+@pytest.mark.parametrize("path", shipped_scenarios(), ids=lambda p: p.stem)
+def test_full_shipped_scenario(path: Path) -> None:
+    """The full 24-hour replay of a shipped scenario: every policy, each replay within the
+    10-second budget (SGLang adaptive's engine excepted: reported), and the issue's targets
+    printed (they are measured and reported, not asserted)."""
+    res = run_scenario(load_scenario(path))
+    slow = {n: s for n, s in res.timings.items() if s > 10.0 and n != "sglang_adaptive"}
+    assert not slow, slow
+    for ok, text in target_checks(res):
+        print(("met    " if ok else "MISSED ") + text)
