@@ -173,7 +173,7 @@ async def serve(
             await asyncio.sleep(0.005)
         logger.info("The server is fired up and ready to roll! (warmup %.1f s)", phases["warmup"])
         await asyncio.sleep(phases["warmup"] / speed)
-        sim.status = "up"
+        sim.mark_up()
         logger.info("warmup done; serving")
 
     decode = asyncio.create_task(sim.run())

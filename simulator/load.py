@@ -30,6 +30,11 @@ DEFAULT_PROMPT_TOKENS = 256
 BACKOFF_FIRST_S = 0.05
 BACKOFF_CAP_S = 2.0
 DEFAULT_TIMEOUT_S = 600.0
+# "generate" | "chat" | "completions": one HTTP request per simulated request (works against a
+# real server too). "internal": the simulator's own closed loop (POST /sim/load), driven and
+# re-armed after every restart from here; for speeds where HTTP per request cannot keep up.
+ROUTES = ("generate", "chat", "completions", "internal")
+INTERNAL_POLL_S = 0.25
 # Filler prompt: "tok " is one token for the simulator (~4 characters per token) and close to
 # one for real tokenizers.
 PROMPT_WORD = "tok "
@@ -109,8 +114,8 @@ class LoadGenerator:
         seed: int = 0,
         client: httpx.AsyncClient | None = None,
     ) -> None:
-        if route not in ("generate", "chat", "completions"):
-            raise ValueError(f"route must be generate, chat or completions (got {route!r})")
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {', '.join(ROUTES)} (got {route!r})")
         if prompt_tokens < 1:
             raise ValueError("prompt_tokens must be >= 1")
         if max_new_tokens is not None and max_new_tokens < 1:
@@ -118,7 +123,9 @@ class LoadGenerator:
         self.url = url.rstrip("/")
         self.route = route
         self.max_new_tokens = max_new_tokens
+        self.prompt_tokens = prompt_tokens
         self.prompt = PROMPT_WORD * prompt_tokens
+        self._remote_seen: dict[str, int] = {}
         self.timeout_s = timeout_s
         self.stats = LoadStats()
         self._workers: dict[int, asyncio.Task[None]] = {}
@@ -169,9 +176,14 @@ class LoadGenerator:
         )
         self._client = client
         try:
-            self._spawn()
+            if self.route == "internal":
+                self._workers[0] = asyncio.create_task(self._internal_driver())
+            else:
+                self._spawn()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=duration_s)
+            if self.route == "internal":
+                await self._internal_stop(client)
         finally:
             workers = list(self._workers.values())
             for task in workers:
@@ -189,6 +201,8 @@ class LoadGenerator:
         self._stop.set()
 
     def _spawn(self) -> None:
+        if self.route == "internal":
+            return  # the driver pushes the new level on its next poll
         for i in range(self._concurrency):
             task = self._workers.get(i)
             if task is None or task.done():
@@ -213,6 +227,63 @@ class LoadGenerator:
             w = self.stats.per_workload.setdefault(workload, WorkloadStats())
             w.ok += 1
             w.output_tokens += tokens
+
+    # ---- internal (in-server) closed loop ---------------------------------------------------
+    def _internal_config(self) -> dict[str, Any]:
+        return {
+            "concurrency": self._concurrency,
+            "mix": self.mix,
+            "prompt_tokens": self.prompt_tokens,
+            "max_new_tokens": self.max_new_tokens,
+        }
+
+    def _absorb(self, remote: Mapping[str, Any]) -> None:
+        """Fold the server's cumulative counters into the stats (a restarted server starts
+        from 0 again: its counters are then all new)."""
+        seen = self._remote_seen
+        if remote["ok"] < seen.get("ok", 0):
+            seen.clear()
+        self.stats.ok += remote["ok"] - seen.get("ok", 0)
+        self.stats.output_tokens += remote["output_tokens"] - seen.get("output_tokens", 0)
+        for name, w in remote["per_workload"].items():
+            key_ok, key_tok = f"{name}/ok", f"{name}/tok"
+            mine = self.stats.per_workload.setdefault(name, WorkloadStats())
+            mine.ok += w["ok"] - seen.get(key_ok, 0)
+            mine.output_tokens += w["output_tokens"] - seen.get(key_tok, 0)
+            seen[key_ok], seen[key_tok] = w["ok"], w["output_tokens"]
+        seen["ok"], seen["output_tokens"] = remote["ok"], remote["output_tokens"]
+
+    async def _internal_driver(self) -> None:
+        assert self._client is not None
+        self._remote_seen = {}
+        backoff = BACKOFF_FIRST_S
+        while not self._stop.is_set():
+            try:
+                r = await self._client.get(f"{self.url}/sim/load")
+                r.raise_for_status()
+                remote = r.json()
+                self._absorb(remote)
+                want = self._internal_config()
+                if any(remote[k] != v for k, v in want.items()):
+                    p = await self._client.post(f"{self.url}/sim/load", json=want)
+                    p.raise_for_status()
+            except (httpx.HTTPError, ValueError, KeyError) as e:
+                self.stats.failed += 1
+                self.stats.last_error = f"{type(e).__name__}: {e}"
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_CAP_S)
+                continue
+            backoff = BACKOFF_FIRST_S
+            await asyncio.sleep(INTERNAL_POLL_S)
+
+    async def _internal_stop(self, client: httpx.AsyncClient) -> None:
+        """Stop the in-server clients and take the final counts (best effort)."""
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+            r = await client.post(
+                f"{self.url}/sim/load", json={**self._internal_config(), "concurrency": 0}
+            )
+            r.raise_for_status()
+            self._absorb(r.json())
 
     async def _one(self, workload: str) -> tuple[int, int]:
         """One request; (completion tokens, prompt tokens) or an exception."""
@@ -288,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--duration-s", type=float, required=True, help="wall seconds")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT_TOKENS)
-    p.add_argument("--route", choices=["generate", "chat", "completions"], default="generate")
+    p.add_argument("--route", choices=ROUTES, default="generate")
     p.add_argument("--seed", type=int, default=0)
     ns = p.parse_args(argv)
     try:

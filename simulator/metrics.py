@@ -251,6 +251,12 @@ class SimMetrics:
             sched,
             registry=r,
         )
+        # Gauge children of the reporting ranks, resolved once (they are set many times a
+        # second at high --sim-speed).
+        self._gauge_children = {
+            dp: {name: [g.labels(**labels) for labels in ranks] for name, g in self.gauges.items()}
+            for dp, ranks in self.reporting_labels.items()
+        }
         for ranks in self.reporting_labels.values():
             for labels in ranks:
                 # SGLang pre-seeds these series at 0 so rate() has operands from the start.
@@ -416,10 +422,16 @@ class SimMetrics:
             for labels in self.reporting_labels[dp_rank]:
                 self.scheduler_idle_seconds.labels(**labels).inc(seconds)
 
-    def log_stats(self, dp_rank: int, stats: IntervalStats) -> None:
-        for name, value in stats.gauges().items():
-            for labels in self.reporting_labels[dp_rank]:
-                self.gauges[name].labels(**labels).set(value)
+    def log_stats(
+        self, dp_rank: int, stats: IntervalStats, only: Sequence[str] | None = None
+    ) -> None:
+        """Set the scheduler gauges of one DP rank (all of them, or the names in `only`)."""
+        values = stats.gauges()
+        children = self._gauge_children[dp_rank]
+        for name in values if only is None else only:
+            value = values[name]
+            for child in children[name]:
+                child.set(value)
 
     # ---- tokenizer ------------------------------------------------------------------------
     def observe_ttft(self, labels: Mapping[str, str], seconds: float, *, stream: bool) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import json
 import logging
+import random
 import time
 import uuid
 from collections import deque
@@ -92,11 +93,41 @@ class SimRequest:
     finish_v: float | None = None
     result: Any = None  # FinishedRequest once done
     aborted: bool = False
+    internal: bool = False  # sent by the in-server closed loop (POST /sim/load)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def done(self) -> bool:
         return self.result is not None or self.aborted
+
+
+@dataclass
+class InternalLoad:
+    """Closed-loop clients simulated inside the server (`POST /sim/load`): the same requests
+    as HTTP clients would send, without one HTTP round trip per request, so that high
+    --sim-speed and concurrency stay closed-loop on a small host. They stop refilling when
+    the server drains (as a load balancer stops routing to a server whose health is 503)."""
+
+    concurrency: int = 0
+    mix: dict[str, float] = field(default_factory=lambda: {"default": 1.0})
+    prompt_tokens: int = 256
+    max_new_tokens: int | None = None
+    in_flight: set[str] = field(default_factory=set)
+    ok: int = 0
+    output_tokens: int = 0
+    per_workload: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.concurrency,
+            "mix": self.mix,
+            "prompt_tokens": self.prompt_tokens,
+            "max_new_tokens": self.max_new_tokens,
+            "in_flight": len(self.in_flight),
+            "ok": self.ok,
+            "output_tokens": self.output_tokens,
+            "per_workload": self.per_workload,
+        }
 
 
 @dataclass
@@ -120,6 +151,7 @@ class RankState:
     last_accept_rate: float = 0.0
     steps_now: int = 0
     busy: bool = False
+    prefill_logged: bool = False
     used_tokens: int = 0
     moments: list[float] = field(default_factory=lambda: [0.0] * 6)
     prefill_tokens: int = 0  # cumulative uncached prompt tokens prefilled
@@ -187,9 +219,16 @@ class Simulation:
         self._stopped = False
         self.steps_total = 0
         self.lost_v = 0.0  # simulated seconds skipped because the host fell behind
+        self.internal = InternalLoad()
+        self._internal_rng = random.Random(args.sim_seed)
         self.max_lag_s = max(0.05, 4 * tick_s)  # wall lag a busy engine may still catch up
 
     # ---- clock ------------------------------------------------------------------------------
+    def mark_up(self) -> None:
+        """Warmup done: serve (and start the in-server clients, if configured)."""
+        self.status = "up"
+        self._wake.set()
+
     def vnow(self) -> float:
         """Simulated seconds since the server started serving."""
         return (self._clock() - self._t0) * self.speed
@@ -208,6 +247,8 @@ class Simulation:
         max_new_tokens: int | None,
         stream: bool,
         rid: str | None = None,
+        arrival_v: float | None = None,
+        internal: bool = False,
     ) -> SimRequest:
         rid = rid or uuid.uuid4().hex
         if rid in self.requests:
@@ -221,7 +262,8 @@ class Simulation:
             prompt_tokens=max(1, int(prompt_tokens)),
             max_new_tokens=max_new_tokens,
             stream=stream,
-            arrival_v=self.vnow(),
+            arrival_v=self.vnow() if arrival_v is None else arrival_v,
+            internal=internal,
         )
         self.requests[rid] = req
         self.ranks[dp].engine.add_request(rid, workload, req.prompt_tokens, max_new_tokens)
@@ -242,11 +284,63 @@ class Simulation:
     def _finish_aborted(self, req: SimRequest) -> None:
         req.aborted = True
         req.finish_v = self.vnow()
+        if req.internal:
+            self._internal_done(req)
         if req.first_token_v is not None:
             self.ranks[req.dp_rank].used_tokens -= req.prompt_tokens + req.tokens
         self.metrics.observe_aborted(req.labels)
         self.requests.pop(req.rid, None)
         req.changed.set()
+
+    def set_internal_load(
+        self,
+        concurrency: int,
+        mix: Mapping[str, float],
+        prompt_tokens: int = 256,
+        max_new_tokens: int | None = None,
+    ) -> None:
+        if concurrency < 0 or prompt_tokens < 1:
+            raise ValueError("concurrency must be >= 0 and prompt_tokens >= 1")
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        weights = {str(k): float(v) for k, v in mix.items()}
+        if not weights or any(not v >= 0 for v in weights.values()) or sum(weights.values()) <= 0:
+            raise ValueError(f"mix needs non-negative weights with a positive sum: {mix}")
+        load = self.internal
+        load.concurrency, load.mix = int(concurrency), weights
+        load.prompt_tokens, load.max_new_tokens = int(prompt_tokens), max_new_tokens
+        self._refill_internal()
+
+    def _refill_internal(self, arrival_v: float | None = None) -> None:
+        """Top the in-server clients up to their concurrency; a client whose request the
+        engine just finished sends its next one at that instant (`arrival_v`)."""
+        load = self.internal
+        if self.draining or self.status != "up":
+            return
+        names, weights = list(load.mix), list(load.mix.values())
+        while len(load.in_flight) < load.concurrency:
+            workload = self._internal_rng.choices(names, weights)[0]
+            req = self.submit(
+                workload=workload,
+                custom_labels={"workload": workload},
+                prompt_tokens=load.prompt_tokens,
+                max_new_tokens=load.max_new_tokens,
+                stream=False,
+                rid=f"sim-load-{uuid.uuid4().hex}",
+                arrival_v=arrival_v,
+                internal=True,
+            )
+            load.in_flight.add(req.rid)
+
+    def _internal_done(self, req: SimRequest) -> None:
+        load = self.internal
+        load.in_flight.discard(req.rid)  # already gone when the engine finished it
+        if req.result is not None:
+            load.ok += 1
+            load.output_tokens += req.tokens
+            w = load.per_workload.setdefault(req.workload, {"ok": 0, "output_tokens": 0})
+            w["ok"] += 1
+            w["output_tokens"] += req.tokens
 
     @property
     def in_flight(self) -> int:
@@ -266,6 +360,7 @@ class Simulation:
             for rank in self.ranks:
                 busy |= self._advance(rank, now_v, horizon_v)
             self._release(self.vnow())
+            self._refill_internal()
             self._flush_tick()
             if busy or any(r.pending for r in self.ranks):
                 # Tokens whose cycle ends inside this tick are delivered when it is over.
@@ -307,6 +402,11 @@ class Simulation:
 
     def _account_step(self, rank: RankState, res: Any, end_v: float) -> None:
         """Scheduler-side bookkeeping of one engine step (at its end time)."""
+        if res.finished and self.internal.in_flight:
+            closed = [f.rid for f in res.finished if f.rid in self.internal.in_flight]
+            if closed:
+                self.internal.in_flight.difference_update(closed)
+                self._refill_internal(arrival_v=end_v)
         for cat, sec in res.phase_s.items():
             rank.tick_phase_s[cat] = rank.tick_phase_s.get(cat, 0.0) + sec
         if res.kind != "decode":
@@ -323,9 +423,10 @@ class Simulation:
         rank.tick_passes += 1
         rank.tick_decode_tokens += generated
         if self.spec.speculative and res.accepted_drafts:
+            # every sequence of a decode cycle is verified: accept tokens = tokens generated
             verified = res.accepted_drafts
             rank.spec_forward_ct += len(verified)
-            rank.spec_accept_tokens += sum(res.new_tokens.get(r, 0) for r in verified)
+            rank.spec_accept_tokens += generated
             rank.spec_correct += sum(verified.values())
             per_round = self.spec.draft_tokens - 1 if self.spec.topk > 1 else res.steps
             rank.spec_proposed += len(verified) * per_round
@@ -425,14 +526,15 @@ class Simulation:
             req.tokens += n
             rank.used_tokens += n
             req.last_token_v = end_v
-            req.changed.set()
+            if req.stream:  # non-streaming handlers only wait for the end
+                req.changed.set()
         for fin in res.finished:
             req = self.requests.pop(fin.rid, None)
             if req is None:
                 continue
             self._finish(rank, req, fin, end_v)
         if admitted:
-            self._log_prefill_stats(rank, end_v)
+            rank.prefill_logged = True  # applied once per tick by _flush_tick
 
     def _finish(self, rank: RankState, req: SimRequest, fin: Any, end_v: float) -> None:
         if req.first_token_v is None:  # finished within its admitting cycle
@@ -445,6 +547,8 @@ class Simulation:
         req.tokens = int(fin.completion_tokens)
         req.result = fin
         req.finish_v = end_v
+        if req.internal:
+            self._internal_done(req)
         if not req.stream:
             # Non-streaming output reaches the tokenizer once, at finish: TTFT is observed
             # then (from the scheduler's first-token time) and no inter-token latency.
@@ -465,28 +569,27 @@ class Simulation:
         )
         req.changed.set()
 
-    def _log_prefill_stats(self, rank: RankState, now_v: float) -> None:
-        """report_prefill_stats refreshes the basic gauges (not the spec ones) after a
-        prefill batch, with gen_throughput decayed if decode went quiet."""
-        stats = self._stats(rank, now_v, 0.0, 0.0, 0, 0)
-        gauges = stats.gauges()
-        keep = (
-            "num_running_reqs",
-            "num_queue_reqs",
-            "gen_throughput",
-            "cache_hit_rate",
-            "token_usage",
-            "full_token_usage",
-            "num_used_tokens",
-            "kv_available_tokens",
-            "kv_used_tokens",
-        )
-        for name in keep:
-            for labels in self.metrics.reporting_labels[rank.dp_rank]:
-                self.metrics.gauges[name].labels(**labels).set(gauges[name])
+    # report_prefill_stats refreshes the basic gauges (not the spec ones) after a prefill
+    # batch, with gen_throughput decayed if decode went quiet.
+    PREFILL_GAUGES = (
+        "num_running_reqs",
+        "num_queue_reqs",
+        "gen_throughput",
+        "cache_hit_rate",
+        "token_usage",
+        "full_token_usage",
+        "num_used_tokens",
+        "kv_available_tokens",
+        "kv_used_tokens",
+    )
 
     def _flush_tick(self) -> None:
+        now_v = self.vnow()
         for rank in self.ranks:
+            if rank.prefill_logged:
+                rank.prefill_logged = False
+                stats = self._stats(rank, now_v, 0.0, 0.0, 0, 0)
+                self.metrics.log_stats(rank.dp_rank, stats, only=self.PREFILL_GAUGES)
             self.metrics.add_decode_passes(
                 rank.dp_rank, rank.tick_passes, rank.tick_decode_tokens, rank.tick_phase_s
             )
@@ -1128,6 +1231,27 @@ def create_app(sim: Simulation) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await openai_route(request, chat=True)
+
+    # ---- simulator-only ------------------------------------------------------------------------
+    @app.get("/sim/load")
+    async def get_sim_load() -> dict[str, Any]:
+        return {**sim.internal.to_dict(), "speed": sim.speed, "lost_s": sim.lost_v}
+
+    @app.post("/sim/load")
+    async def set_sim_load(request: Request) -> Response:
+        """Closed-loop clients inside the server: {"concurrency": C, "mix": {"chat": 0.7},
+        "prompt_tokens": 256, "max_new_tokens": null}."""
+        try:
+            body = await read_json(request)
+            sim.set_internal_load(
+                int(body.get("concurrency", 0)),
+                body.get("mix") or {"default": 1.0},
+                int(body.get("prompt_tokens", 256)),
+                body.get("max_new_tokens"),
+            )
+        except (ValueError, TypeError) as e:
+            return error(str(e))
+        return JSONResponse(sim.internal.to_dict())
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -83,3 +83,47 @@ def test_against_live_simulator_at_high_speed(sim_process: type[SimProcess]) -> 
         assert served[w] >= ws.output_tokens
         assert served[w] - ws.output_tokens < 16 * 8 * 600
     assert stats.output_tok_s > 0
+
+
+async def test_internal_route_drives_the_in_server_closed_loop() -> None:
+    async with in_process([*EAGLE2, *LABELS, "--enable-metrics"], speed=200) as s:
+        gen = LoadGenerator(
+            "http://sim", concurrency=12, mix={"chat": 1.0}, route="internal", client=s.client
+        )
+        task = asyncio.create_task(gen.run())
+        await asyncio.sleep(0.4)
+        engine = s.sim.ranks[0].engine
+        assert engine.num_running + engine.num_queued == 12  # kept full by the server itself
+        gen.set_concurrency(20)
+        gen.set_mix({"code": 1.0})
+        await asyncio.sleep(0.6)  # the driver pushes changes on its next poll
+        assert engine.num_running + engine.num_queued == 20
+        await gen.stop()
+        stats = await asyncio.wait_for(task, 5)
+        assert s.sim.internal.concurrency == 0  # stopped on the way out
+        assert stats.ok > 10 and set(stats.per_workload) == {"chat", "code"}
+        fams = {
+            f.name: f for f in text_string_to_metric_families((await s.client.get("/metrics")).text)
+        }
+        served = sum(
+            x.value for x in fams["sglang:generation_tokens"].samples if x.name.endswith("_total")
+        )
+        assert served >= stats.output_tokens > 0
+
+
+def test_internal_counters_survive_a_server_restart() -> None:
+    gen = LoadGenerator("http://x", route="internal")
+    remote = {
+        "ok": 5,
+        "output_tokens": 500,
+        "per_workload": {"chat": {"ok": 5, "output_tokens": 500}},
+    }
+    gen._absorb(remote)
+    gen._absorb({**remote, "ok": 7, "output_tokens": 700,
+                 "per_workload": {"chat": {"ok": 7, "output_tokens": 700}}})  # fmt: skip
+    # restarted server: its counters start again from 0
+    gen._absorb(
+        {"ok": 2, "output_tokens": 150, "per_workload": {"chat": {"ok": 2, "output_tokens": 150}}}
+    )
+    assert gen.stats.ok == 9 and gen.stats.output_tokens == 850
+    assert gen.stats.per_workload["chat"].ok == 9
