@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from simulator.faults import Faults, SlowResponses, metrics_fault_response
 from simulator.flags import SGLANG_VERSION, ServerArgs
 from simulator.metrics import IntervalStats, SimMetrics
-from simulator.model import SimProfile, SpecConfig
+from simulator.model import CostScale, SimProfile, SpecConfig
 
 logger = logging.getLogger("simulator.server")
 
@@ -70,6 +70,8 @@ class EngineLike(Protocol):
     def advance_idle(self, duration_s: float) -> None: ...
 
     def step(self) -> Any: ...
+
+    scale: Any  # CostScale, settable (drift)
 
 
 EngineFactory = Callable[[int], EngineLike]  # dp_rank -> engine
@@ -1252,6 +1254,27 @@ def create_app(sim: Simulation) -> FastAPI:
         except (ValueError, TypeError) as e:
             return error(str(e))
         return JSONResponse(sim.internal.to_dict())
+
+    @app.get("/sim/cost_scale")
+    async def get_cost_scale() -> dict[str, float]:
+        scale = sim.ranks[0].engine.scale
+        return {"verify": scale.verify, "base": scale.base, "draft": scale.draft}
+
+    @app.post("/sim/cost_scale")
+    async def set_cost_scale(request: Request) -> Response:
+        """Change the system state while running (FIELD.md's drift between boots, applied
+        live): {"verify": 1.6, "base": 1.08, "draft": 1.0}; omitted keys are 1."""
+        try:
+            body = await read_json(request)
+            unknown = set(body) - {"verify", "base", "draft"}
+            if unknown:
+                raise ValueError(f"unknown keys {sorted(unknown)} (verify, base, draft)")
+            scale = CostScale(**{k: float(v) for k, v in body.items()})
+        except (ValueError, TypeError) as e:
+            return error(str(e))
+        for rank in sim.ranks:
+            rank.engine.scale = scale
+        return JSONResponse({"verify": scale.verify, "base": scale.base, "draft": scale.draft})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -268,3 +268,31 @@ async def test_time_runs_speed_times_faster() -> None:
     assert wall_fast * 100 == pytest.approx(sim_fast, rel=0.35)
     assert wall_slow * 10 == pytest.approx(sim_slow, rel=0.2)
     assert wall_slow > 4 * wall_fast
+
+
+async def test_cost_scale_endpoint_slows_verify() -> None:
+    async with in_process(EAGLE2, speed=1000) as s:
+        body = {"input_ids": [1] * 8, "sampling_params": {"max_new_tokens": 200}}
+        before = (await s.client.post("/generate", json=body)).json()["meta_info"]
+        r = await s.client.post("/sim/cost_scale", json={"verify": 2.0})
+        assert r.json() == {"verify": 2.0, "base": 1.0, "draft": 1.0}
+        after = (await s.client.post("/generate", json=body)).json()["meta_info"]
+        # verify is ~95% of a cycle (FIELD.md): doubling it nearly doubles the decode time
+        per_verify_before = before["e2e_latency"] / before["spec_verify_ct"]
+        per_verify_after = after["e2e_latency"] / after["spec_verify_ct"]
+        assert 1.5 < per_verify_after / per_verify_before < 2.1
+        assert (await s.client.post("/sim/cost_scale", json={"gpu": 2})).status_code == 400
+        assert (await s.client.post("/sim/cost_scale", json={"verify": -1})).status_code == 400
+
+
+async def test_adaptive_launch_reports_live_tier() -> None:
+    argv = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d",
+            "--speculative-adaptive", "--decode-log-interval", "5", "--enable-metrics"]  # fmt: skip
+    async with in_process(argv) as s:
+        await asyncio.gather(*[s.client.post("/generate", json={"text": "a"}) for _ in range(4)])
+        info = (await s.client.get("/server_info")).json()
+        assert info["speculative_adaptive"] is True
+        assert info["internal_states"][0]["speculative_num_steps"] in (0, 1, 3, 5, 7)
+        text = (await s.client.get("/metrics")).text
+        steps = [ln for ln in text.splitlines() if ln.startswith("sglang:spec_num_steps{")]
+        assert float(steps[0].rsplit(" ", 1)[1]) in (0, 1, 3, 5, 7)
