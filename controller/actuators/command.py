@@ -20,13 +20,13 @@ from collections.abc import Mapping, Sequence
 import httpx
 
 from controller.actuators.base import ServerState, SwitchOutcome, SwitchResult, check_profile
-from controller.actuators.endpoint import Endpoint
+from controller.actuators.endpoint import Endpoint, at_least_real
 from controller.actuators.identify import describe_shape, matching_profiles
 from controller.actuators.subproc import run_command
 from controller.clock import Clock
 from controller.settings import Settings
 
-_STATUS_TIMEOUT_S = 30.0  # server seconds for status_command
+_STATUS_TIMEOUT_S = 30.0  # seconds for status_command (server time, at least as many real)
 
 
 def expand(template: Sequence[str], values: Mapping[str, str | Sequence[str]]) -> list[str]:
@@ -87,7 +87,8 @@ class CommandActuator:
             self.server.status_command,
             {"host": self.server.host, "port": str(self.server.port)},
         )
-        r = await run_command(argv, self.clock, _STATUS_TIMEOUT_S)
+        timeout = at_least_real(self.clock, _STATUS_TIMEOUT_S, _STATUS_TIMEOUT_S)
+        r = await run_command(argv, self.clock, timeout)
         if not r.ok:
             return None
         lines = r.stdout.strip().splitlines()

@@ -42,6 +42,12 @@ def time_scale(clock: Clock) -> float:
     return float(getattr(clock, "time_scale", 1.0)) or 1.0
 
 
+def at_least_real(clock: Clock, server_s: float, real_s: float) -> float:
+    """`server_s` seconds of server time, but never less than `real_s` real seconds: for work
+    that takes real time whatever the clock's scale (a systemctl call, a fork)."""
+    return max(server_s, real_s * time_scale(clock))
+
+
 def poll_interval(clock: Clock) -> float:
     """Seconds of server time between two polls."""
     return max(POLL_S, _MIN_REAL_POLL_S * time_scale(clock))

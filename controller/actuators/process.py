@@ -154,13 +154,20 @@ class ProcessActuator:
                 server_args=state.server_args,
             )
         if state.pid is not None:
+            loading = self._profile if state.pid == self._child_pid() else None
+            loading = loading or process_environ(state.pid).get(PROFILE_ENV)
+            if loading == profile:
+                # Already loading this profile (an earlier controller launched it): wait for it
+                # instead of starting a second one.
+                self._adopted_pid = None if state.pid == self._child_pid() else state.pid
+                return await self._await_ready(state.pid, profile, None, self.clock.monotonic())
             return SwitchResult(
                 SwitchOutcome.REFUSED_BUSY,
                 None,
                 profile,
                 0.0,
-                error=f"server process {state.pid} is running but not up yet: not starting "
-                "a second one",
+                error=f"server process {state.pid} (profile {loading or 'unknown'}) is running "
+                "but not up yet: not starting a second one",
             )
         return await self._launch(profile, None, self.clock.monotonic())
 
@@ -199,23 +206,37 @@ class ProcessActuator:
             write_pid_file(self.server.pid_file, proc.pid)
         log.info("started %s as pid %d: %s", profile, proc.pid, " ".join(argv))
 
-        async def exited() -> str | None:
-            rc = proc.poll()
-            return None if rc is None else f"server exited with status {rc} while starting"
+        return await self._await_ready(proc.pid, profile, from_profile, t0)
 
-        deadline = t0 + self.server.start_timeout_s
+    async def _await_ready(
+        self, pid: int, profile: str, from_profile: str | None, t0: float
+    ) -> SwitchResult:
+        """Wait for /ready within start_timeout_s from now; stop the process when it misses the
+        deadline; check /server_info. `t0` is when the downtime began."""
+        proc = self._proc if self._proc is not None and self._proc.pid == pid else None
+
+        def failed(outcome: SwitchOutcome, error: str) -> SwitchResult:
+            return SwitchResult(outcome, from_profile, profile, self.clock.monotonic() - t0, error)
+
+        async def exited() -> str | None:
+            if proc is not None:
+                rc = proc.poll()
+                return None if rc is None else f"server exited with status {rc} while starting"
+            return None if running(pid) else "server process exited while starting"
+
+        deadline = self.clock.monotonic() + self.server.start_timeout_s
         wait = await self.endpoint.wait_ready(deadline, exited, lambda info: None)
         if wait.status == "exited":
-            self._forget(proc.pid)
+            self._forget(pid)
             return failed(SwitchOutcome.START_FAILED, self._with_tail(wait.detail or "exited"))
         if wait.status == "timeout":
             why = f"not ready within start_timeout_s={self.server.start_timeout_s:g} s"
-            report = await ProcessTree(proc.pid).stop(
-                self.clock, self.server.stop_timeout_s, proc.poll
+            report = await ProcessTree(pid).stop(
+                self.clock, self.server.stop_timeout_s, proc.poll if proc is not None else None
             )
             if not report.stopped:
                 return failed(SwitchOutcome.UNKNOWN, f"{why}; could not stop it: {report.detail}")
-            self._forget(proc.pid)
+            self._forget(pid)
             return failed(SwitchOutcome.START_FAILED, self._with_tail(f"{why}; stopped it"))
         info = wait.server_info or {}
         names = matching_profiles(info, self.specs)
@@ -230,6 +251,7 @@ class ProcessActuator:
                 f"matches {names or 'no profile'}, not {profile!r}",
                 server_args=info,
             )
+        self._profile = profile
         return SwitchResult(SwitchOutcome.OK, from_profile, profile, downtime, server_args=info)
 
     # ---------------------------------------------------------------- switch / stop

@@ -18,7 +18,7 @@ import httpx
 
 from controller.actuators import envfile
 from controller.actuators.base import ServerState, SwitchOutcome, SwitchResult, check_profile
-from controller.actuators.endpoint import Endpoint
+from controller.actuators.endpoint import Endpoint, at_least_real
 from controller.actuators.identify import describe_shape, matching_profiles
 from controller.actuators.subproc import CommandResult, run_command
 from controller.clock import Clock
@@ -31,8 +31,9 @@ ENV_LAUNCH = "SGLANG_LAUNCH"  # the launch command (python -m sglang.launch_serv
 ENV_ARGS = "SGLANG_ARGS"  # every flag: common, the profile's, --host/--port, shell-quoted
 # The unit's ExecStart= runs: /bin/sh -c 'eval "exec $SGLANG_LAUNCH $SGLANG_ARGS"'
 SYSTEMCTL = "systemctl"
-# Server seconds a systemctl call may take beyond the unit's own stop timeout (systemctl restart
-# returns once the old process is gone and the new one is forked).
+# Seconds (server time, and at least as many real seconds) a systemctl call may take beyond the
+# unit's own stop timeout (systemctl restart returns once the old process is gone and the new one
+# is forked).
 _SYSTEMCTL_MARGIN_S = 30.0
 _ACTIVE_STATES = ("active", "activating", "reloading", "deactivating")
 
@@ -70,9 +71,11 @@ class SystemdActuator:
         self.unit = self.server.systemd_unit
         self.env_path = Path(self.server.systemd_env_file)
 
-    async def _systemctl(self, *args: str, timeout_s: float | None = None) -> CommandResult:
-        t = timeout_s if timeout_s is not None else _SYSTEMCTL_MARGIN_S
-        return await run_command([SYSTEMCTL, *args], self.clock, t)
+    def _margin(self, server_s: float = 0.0) -> float:
+        return server_s + at_least_real(self.clock, _SYSTEMCTL_MARGIN_S, _SYSTEMCTL_MARGIN_S)
+
+    async def _systemctl(self, *args: str, timeout_s: float = 0.0) -> CommandResult:
+        return await run_command([SYSTEMCTL, *args], self.clock, self._margin(timeout_s))
 
     async def unit_state(self) -> dict[str, str]:
         """ActiveState, SubState, MainPID, ExecMainStatus, EnvironmentFiles of the unit."""
@@ -83,7 +86,13 @@ class SystemdActuator:
         )
         if not r.ok:
             return {}
-        return dict(ln.split("=", 1) for ln in r.stdout.splitlines() if "=" in ln)
+        out: dict[str, str] = {}
+        for line in r.stdout.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                # EnvironmentFiles= comes once per file: keep them all.
+                out[key] = f"{out[key]}\n{value}" if key in out else value
+        return out
 
     def configured_profile(self) -> str | None:
         """The profile the environment file names (what the unit starts next)."""
@@ -129,7 +138,7 @@ class SystemdActuator:
         files = state.get("EnvironmentFiles", "")
         if not files:
             return None  # systemctl of this host does not report it
-        listed = [tok for tok in files.split() if tok.startswith("/")]
+        listed = [ln.split(" (")[0].strip() for ln in files.splitlines() if ln.strip()]
         if listed and os.path.realpath(self.env_path) not in {os.path.realpath(f) for f in listed}:
             return (
                 f"{self.unit} reads EnvironmentFile {', '.join(listed)}, not "
@@ -154,6 +163,15 @@ class SystemdActuator:
                 "switch to change its profile",
                 server_args=current.server_args,
             )
+        state = await self.unit_state()
+        if (
+            state.get("ActiveState") in ("active", "activating", "reloading")
+            and state.get("SubState") != "auto-restart"
+            and self.configured_profile() == profile
+        ):
+            # Already loading this profile (boot, or a controller restarted mid-switch): wait
+            # for it rather than restart it.
+            return await self._await_start(profile, None, self.clock.monotonic())
         return await self._restart(profile, None, drain=False)
 
     async def switch(self, profile: str) -> SwitchResult:
@@ -164,12 +182,12 @@ class SystemdActuator:
         )
 
     async def _restart(self, profile: str, from_profile: str | None, drain: bool) -> SwitchResult:
+        t_begin = self.clock.monotonic()
+
         def result(outcome: SwitchOutcome, t0: float, error: str | None = None) -> SwitchResult:
             return SwitchResult(outcome, from_profile, profile, self.clock.monotonic() - t0, error)
 
-        state = await self.unit_state()
-        objection = self._unit_reads_env_file(state)
-        t_begin = self.clock.monotonic()
+        objection = self._unit_reads_env_file(await self.unit_state())
         if objection:
             return result(SwitchOutcome.UNKNOWN, t_begin, objection)
         try:
@@ -179,58 +197,70 @@ class SystemdActuator:
         if drain:
             log.info("%s", await self.endpoint.drain(self.server.drain_timeout_s))
         t0 = self.clock.monotonic()
-        r = await self._systemctl(
-            "restart", self.unit, timeout_s=self.server.stop_timeout_s + _SYSTEMCTL_MARGIN_S
-        )
+        r = await self._systemctl("restart", self.unit, timeout_s=self.server.stop_timeout_s)
         if not r.ok:
             # The old server was (maybe) stopped and the new one did not start: ask the unit.
             after = await self.unit_state()
             if after.get("ActiveState") in ("failed", "inactive"):
-                return result(SwitchOutcome.START_FAILED, t0, r.describe())
+                return result(
+                    SwitchOutcome.START_FAILED, t0, await self._with_journal(r.describe())
+                )
             return result(SwitchOutcome.UNKNOWN, t0, r.describe())
+        return await self._await_start(profile, from_profile, t0)
+
+    async def _await_start(self, profile: str, from_profile: str | None, t0: float) -> SwitchResult:
+        """Wait for /ready within start_timeout_s (from now), then check /server_info."""
+
+        def result(outcome: SwitchOutcome, error: str | None = None) -> SwitchResult:
+            return SwitchResult(outcome, from_profile, profile, self.clock.monotonic() - t0, error)
 
         async def exited() -> str | None:
             s = await self.unit_state()
-            if s.get("ActiveState") in ("failed", "inactive"):
+            # failed/inactive, or waiting for systemd's Restart= after the process died.
+            if (
+                s.get("ActiveState") in ("failed", "inactive")
+                or s.get("SubState") == "auto-restart"
+            ):
                 return (
                     f"{self.unit} is {s.get('ActiveState')}/{s.get('SubState')} "
                     f"(exit status {s.get('ExecMainStatus', '?')}) while starting"
                 )
             return None
 
-        wait = await self.endpoint.wait_ready(
-            t0 + self.server.start_timeout_s, exited, lambda info: None
-        )
+        deadline = self.clock.monotonic() + self.server.start_timeout_s
+        wait = await self.endpoint.wait_ready(deadline, exited, lambda info: None)
         if wait.status == "exited":
-            return result(SwitchOutcome.START_FAILED, t0, await self._with_journal(wait.detail))
+            stop = await self._systemctl("stop", self.unit, timeout_s=self.server.stop_timeout_s)
+            if not stop.ok:
+                return result(SwitchOutcome.UNKNOWN, f"{wait.detail}; {stop.describe()}")
+            return result(SwitchOutcome.START_FAILED, await self._with_journal(wait.detail))
         if wait.status == "timeout":
             why = f"not ready within start_timeout_s={self.server.start_timeout_s:g} s"
-            stop = await self._systemctl(
-                "stop", self.unit, timeout_s=self.server.stop_timeout_s + _SYSTEMCTL_MARGIN_S
-            )
+            stop = await self._systemctl("stop", self.unit, timeout_s=self.server.stop_timeout_s)
             if not stop.ok:
-                return result(SwitchOutcome.UNKNOWN, t0, f"{why}; {stop.describe()}")
-            return result(SwitchOutcome.START_FAILED, t0, await self._with_journal(why))
+                return result(SwitchOutcome.UNKNOWN, f"{why}; {stop.describe()}")
+            return result(SwitchOutcome.START_FAILED, await self._with_journal(why))
         info = wait.server_info or {}
         names = matching_profiles(info, self.specs)
-        downtime = self.clock.monotonic() - t0
         if profile not in names:
             return SwitchResult(
                 SwitchOutcome.UNKNOWN,
                 from_profile,
                 profile,
-                downtime,
+                self.clock.monotonic() - t0,
                 error=f"{self.unit} is up but /server_info shows {describe_shape(info)}, which "
                 f"matches {names or 'no profile'}, not {profile!r}",
                 server_args=info,
             )
-        return SwitchResult(SwitchOutcome.OK, from_profile, profile, downtime, server_args=info)
+        return SwitchResult(
+            SwitchOutcome.OK, from_profile, profile, self.clock.monotonic() - t0, server_args=info
+        )
 
     async def _with_journal(self, why: str | None) -> str:
         r = await run_command(
             ["journalctl", "--unit", self.unit, "--lines", "30", "--no-pager", "--output", "cat"],
             self.clock,
-            _SYSTEMCTL_MARGIN_S,
+            self._margin(),
         )
         tail = r.stdout.strip() if r.ok else ""
         return f"{why}; journal:\n{tail}" if tail else f"{why or 'failed'}"

@@ -4,6 +4,7 @@ simulator cannot do (ignore SIGTERM, report a wrong profile, hold requests), a f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -377,3 +378,33 @@ async def test_shutdown_without_ownership_leaves_the_server(tmp_path: Path, make
     owner = make(settings(tmp_path, fake=True, port=s.server.port))
     await owner.shutdown()
     assert wait_until(lambda: not alive(pid), 5.0)
+
+
+async def test_start_waits_for_a_server_an_earlier_controller_is_loading(
+    tmp_path: Path, make: Factory
+) -> None:
+    # restart_s=300 at 100x: about 3 real seconds of loading with the port closed.
+    s = settings(tmp_path, extra_flags=["--sim-override", "restart_s=300"])
+    first = make(s)
+    task = asyncio.create_task(first.start("eagle3-2step"))
+    for _ in range(200):
+        if Path(s.server.pid_file).exists():
+            break
+        await asyncio.sleep(0.02)
+    task.cancel()  # the first controller dies while its server loads
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    pid = read_pid_file(s.server.pid_file)
+    assert pid is not None and alive(pid)
+
+    second = make(s)
+    state = await second.probe()
+    assert not state.up and state.pid == pid
+    r = await second.start("baseline")
+    assert r.outcome is SwitchOutcome.REFUSED_BUSY
+    assert "eagle3-2step" in (r.error or "") and "not up yet" in (r.error or "")
+    r = await second.start("eagle3-2step")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    state = await second.probe()
+    assert state.pid == pid and state.profile == "eagle3-2step"
+    assert port_pids(s.server.port) == {pid}

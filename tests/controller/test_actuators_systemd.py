@@ -193,3 +193,20 @@ def test_envfile_refuses_newlines_and_bad_names() -> None:
         envfile.render({"A": "x\ny"})
     with pytest.raises(ValueError, match="not a valid"):
         envfile.render({"1A": "x"})
+
+
+async def test_start_waits_for_a_unit_already_loading_the_profile(
+    tmp_path: Path, make: Factory
+) -> None:
+    from controller.actuators.systemd import env_file_text
+
+    act, s = make(extra_flags=["--sim-override", "restart_s=200"])
+    envfile.write_atomic(s.server.systemd_env_file, env_file_text(s, "eagle3-2step"))
+    proc = await asyncio.create_subprocess_exec("systemctl", "start", UNIT)
+    assert await proc.wait() == 0  # booted with that profile: loading, port still closed
+    state = await act.probe()
+    assert not state.up and state.pid
+    r = await act.start("eagle3-2step")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    assert (await act.probe()).pid == state.pid
+    assert not [c for c in calls(tmp_path) if c.startswith("restart")]
