@@ -28,8 +28,9 @@ class SwitchOutcome(StrEnum):
     """How one start or switch ended. The value goes to SQLite, a metric label and a log line."""
 
     OK = "ok"  # the server answers /ready and /server_info shows the asked profile
-    START_FAILED = "start_failed"  # the old server is gone (or was never up); the new one did not
-    # come up (exited, deadline passed): nothing serves, and nothing is left running
+    START_FAILED = "start_failed"  # the new profile did not come up (exited, deadline passed,
+    # the switch command failed) and nothing of it is left running; the old server is gone, or,
+    # when the command actuator's orchestrator refused, still serving as before
     UNKNOWN = "unknown"  # the state of the server is not known (could not kill, profile mismatch,
     # an error half-way): automatic switching stops until a person clears it
     SKIPPED_ADVISORY = "skipped_advisory"  # advisory mode: nothing was touched

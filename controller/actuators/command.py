@@ -13,6 +13,7 @@ SPECPILOT_ENV in its environment. Must not check advisory mode (the funnel does)
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,8 @@ from controller.actuators.identify import describe_shape, matching_profiles
 from controller.actuators.subproc import run_command
 from controller.clock import Clock
 from controller.settings import Settings
+
+log = logging.getLogger(__name__)
 
 _STATUS_TIMEOUT_S = 30.0  # seconds for status_command (server time, at least as many real)
 
@@ -148,8 +151,11 @@ class CommandActuator:
         return await self._run(profile, current.profile if current.up else None, current.up)
 
     async def _run(self, profile: str, from_profile: str | None, drain: bool) -> SwitchResult:
+        paused = False
         if drain:
-            await self.endpoint.drain(self.server.drain_timeout_s)
+            drained = await self.endpoint.drain(self.server.drain_timeout_s)
+            log.info("%s", drained)
+            paused = drained.paused
         t0 = self.clock.monotonic()
 
         def result(outcome: SwitchOutcome, error: str | None = None) -> SwitchResult:
@@ -163,6 +169,9 @@ class CommandActuator:
             outcome = SwitchOutcome.START_FAILED if r.error else SwitchOutcome.UNKNOWN
             return result(outcome, r.describe())
         if not r.ok:
+            # The orchestrator refused: the old server (if any) was not replaced; let it serve.
+            if paused:
+                await self.endpoint.resume()
             return result(SwitchOutcome.START_FAILED, r.describe())
         self._last_profile = profile
 

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 PATH_READY = "/ready"
 PATH_HEALTH_GENERATE = "/health_generate"
 PATH_PAUSE_GENERATION = "/pause_generation"
+PATH_CONTINUE_GENERATION = "/continue_generation"
 
 # Real seconds: one HTTP exchange with a local server. /health_generate runs a one-token
 # generation that SGLang itself bounds at 20 s.
@@ -153,11 +154,22 @@ class Endpoint:
             return False
         return r.status_code == 200
 
-    async def drain(self, drain_timeout_s: float) -> str:
+    async def resume(self) -> bool:
+        """POST /continue_generation: undo pause_abort when the server is kept after all (the
+        switch failed before the old server was stopped)."""
+        try:
+            r = await self.client.post(
+                self.base_url + PATH_CONTINUE_GENERATION, json={}, timeout=_HTTP_TIMEOUT_S
+            )
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 200
+
+    async def drain(self, drain_timeout_s: float) -> Drain:
         """Bounded drain before a stop: wait until no request runs or waits, at most
         `drain_timeout_s` of server time; if requests remain, abort them through
         /pause_generation so that SIGTERM (which in SGLang waits without limit for in-flight
-        requests) can finish. Returns one line for the log."""
+        requests) can finish. The server is left paused then: call `resume()` if it is kept."""
         deadline = self.clock.monotonic() + drain_timeout_s
         step = poll_interval(self.clock)
         n = await self.in_flight()
@@ -165,13 +177,12 @@ class Endpoint:
             await self.clock.sleep(min(step, max(0.0, deadline - self.clock.monotonic())))
             n = await self.in_flight()
         if n is None:
-            return "drain: in-flight count unavailable"
+            return Drain("drain: in-flight count unavailable", paused=False)
         if n == 0:
-            return "drain: idle"
+            return Drain("drain: idle", paused=False)
         aborted = await self.pause_abort(_HTTP_TIMEOUT_S)
-        return f"drain: {n} requests still in flight after {drain_timeout_s:g} s" + (
-            ", aborted via /pause_generation" if aborted else ""
-        )
+        text = f"drain: {n} requests still in flight after {drain_timeout_s:g} s"
+        return Drain(text + (", aborted via /pause_generation" if aborted else ""), aborted)
 
     async def wait_ready(
         self,
@@ -200,6 +211,17 @@ class Endpoint:
             if now >= deadline:
                 return ReadyWait("timeout", objection, info)
             await self.clock.sleep(min(step, deadline - now))
+
+
+@dataclass(frozen=True)
+class Drain:
+    """How a drain ended: one line for the log, and whether the server was paused."""
+
+    text: str
+    paused: bool
+
+    def __str__(self) -> str:
+        return self.text
 
 
 @dataclass(frozen=True)

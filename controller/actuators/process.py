@@ -268,13 +268,18 @@ class ProcessActuator:
                 0.0,
                 error=f"{state.detail}: cannot stop the server on port {self.server.port}",
             )
+        paused = False
         if state.up and state.server_args is not None:
-            log.info("%s", await self.endpoint.drain(self.server.drain_timeout_s))
+            drained = await self.endpoint.drain(self.server.drain_timeout_s)
+            log.info("%s", drained)
+            paused = drained.paused
         t0 = self.clock.monotonic()
         if state.pid is not None:
             ok, detail = await self._stop(state.pid)
             log.info("stop %s (pid %d): %s", from_profile, state.pid, detail)
             if not ok:
+                if paused:
+                    await self.endpoint.resume()  # it still runs: let it serve again
                 return SwitchResult(
                     SwitchOutcome.UNKNOWN,
                     from_profile,

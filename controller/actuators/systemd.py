@@ -194,12 +194,17 @@ class SystemdActuator:
             envfile.write_atomic(self.env_path, env_file_text(self.settings, profile))
         except (OSError, ValueError) as e:
             return result(SwitchOutcome.UNKNOWN, t_begin, f"cannot write {self.env_path}: {e}")
+        paused = False
         if drain:
-            log.info("%s", await self.endpoint.drain(self.server.drain_timeout_s))
+            drained = await self.endpoint.drain(self.server.drain_timeout_s)
+            log.info("%s", drained)
+            paused = drained.paused
         t0 = self.clock.monotonic()
         r = await self._systemctl("restart", self.unit, timeout_s=self.server.stop_timeout_s)
         if not r.ok:
             # The old server was (maybe) stopped and the new one did not start: ask the unit.
+            if paused:
+                await self.endpoint.resume()  # harmless when it is gone; it serves if not
             after = await self.unit_state()
             if after.get("ActiveState") in ("failed", "inactive"):
                 return result(

@@ -4,6 +4,8 @@ rollout is done, and the safe expansion of {profile} / {flags} / {env} placehold
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -14,6 +16,7 @@ import httpx
 import pytest
 from actuator_fakes.support import (
     FAKE_ORCHESTRATOR,
+    FAKE_SGLANG,
     PROFILES,
     SPEED,
     kill_everything,
@@ -153,3 +156,35 @@ def test_command_env_carries_the_profile(tmp_path: Path, monkeypatch: pytest.Mon
     assert "--speculative-num-steps 2" in env["SPECPILOT_FLAGS"]
     assert env["SPECPILOT_ENV"] == "'A=1 2' NCCL_PROTO=LL"
     assert "NOTIFY_SOCKET" not in env
+
+
+async def test_a_refused_switch_resumes_the_paused_old_server(
+    tmp_path: Path, make: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain aborted requests and paused the old server; the orchestrator then refused the
+    switch: the old server must serve again, not stay paused."""
+    events = tmp_path / "events"
+    act, s = make(drain_timeout_s=20.0)
+    env = {**os.environ, "FAKE_IN_FLIGHT": "2", "FAKE_EVENTS": str(events)}
+    server = subprocess.Popen(
+        [sys.executable, str(FAKE_SGLANG), "--port", str(s.server.port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        async with httpx.AsyncClient(trust_env=False) as c:
+            url = f"http://127.0.0.1:{s.server.port}"
+            for _ in range(200):
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await c.get(url + "/ready")).status_code == 200:
+                        break
+                await asyncio.sleep(0.02)
+            monkeypatch.setenv("FAKE_ORCH_FAIL", "1")
+            r = await act.switch("eagle3-2step")
+            assert r.outcome is SwitchOutcome.START_FAILED
+            assert r.from_profile == "baseline"
+            assert events.read_text().splitlines()[-1] == "continue"
+            assert (await c.get(url + "/ready")).status_code == 200
+    finally:
+        server.kill()
+        server.wait()

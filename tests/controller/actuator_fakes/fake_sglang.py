@@ -1,7 +1,8 @@
 """A minimal SGLang-like server for actuator tests that the simulator cannot play.
 
 Speaks /ready, /health_generate, /server_info (flags -> SGLang's resolved keys), /v1/loads and
-/pause_generation. Behaviour knobs come from the environment, so the launch flags stay SGLang's:
+/pause_generation, /continue_generation. Behaviour knobs come from the environment, so the
+launch flags stay SGLang's:
 FAKE_IGNORE_SIGTERM=1 (the process and its child ignore SIGTERM), FAKE_CHILD=1 (spawn a child,
 as SGLang spawns schedulers), FAKE_IN_FLIGHT=N (requests reported in flight until
 /pause_generation), FAKE_EVENTS=path (append one line per /pause_generation),
@@ -85,6 +86,12 @@ def main() -> None:
                 if events:
                     with open(events, "a") as fh:
                         fh.write(f"pause {body}\n")
+                self._json(200, {"status": "ok"})
+            elif self.path == "/continue_generation":
+                state["paused"] = False
+                if events:
+                    with open(events, "a") as fh:
+                        fh.write("continue\n")
                 self._json(200, {"status": "ok"})
             else:
                 self._json(404, {"detail": "Not Found"})
