@@ -2,7 +2,8 @@
 
 Owns the comparison of SGLang's resolved server args (`speculative_algorithm`,
 `speculative_num_steps`, `speculative_eagle_topk`, `speculative_num_draft_tokens`,
-`speculative_adaptive`) with the profiles' resolved shapes (`controller.settings.profile_spec`).
+`speculative_adaptive`) with the profiles' resolved shapes (`controller.settings.profile_spec`);
+for an adaptive profile the steps and draft tokens are left out (its tier moves).
 Pure functions; no HTTP. Profiles that differ only in environment (NCCL settings) or in flags
 /server_info does not show cannot be told apart here: the caller breaks such ties with what it
 knows (the profile it started).
@@ -48,12 +49,28 @@ def server_shape(server_args: Mapping[str, Any]) -> dict[str, Any]:
     algo = _algorithm(server_args.get("speculative_algorithm"))
     if algo is None:
         return {"algorithm": None}
+    return _shape(
+        algo,
+        _int(server_args.get("speculative_num_steps")),
+        _int(server_args.get("speculative_eagle_topk")),
+        _int(server_args.get("speculative_num_draft_tokens")),
+        _bool(server_args.get("speculative_adaptive", False)),
+    )
+
+
+def _shape(
+    algo: str, steps: int | None, topk: int | None, tokens: int | None, adaptive: bool
+) -> dict[str, Any]:
+    if adaptive:
+        # The tier moves at run time, and the initial steps SGLang resolves depend on the
+        # adaptive config's candidates: compare what does not move.
+        return {"algorithm": algo, "topk": topk, "adaptive": True}
     return {
         "algorithm": algo,
-        "num_steps": _int(server_args.get("speculative_num_steps")),
-        "topk": _int(server_args.get("speculative_eagle_topk")),
-        "draft_tokens": _int(server_args.get("speculative_num_draft_tokens")),
-        "adaptive": _bool(server_args.get("speculative_adaptive", False)),
+        "num_steps": steps,
+        "topk": topk,
+        "draft_tokens": tokens,
+        "adaptive": False,
     }
 
 
@@ -62,13 +79,7 @@ def spec_shape(spec: ProfileSpec) -> dict[str, Any]:
     algo = _algorithm(spec.algorithm)
     if algo is None:
         return {"algorithm": None}
-    return {
-        "algorithm": algo,
-        "num_steps": spec.num_steps,
-        "topk": spec.topk,
-        "draft_tokens": spec.draft_tokens,
-        "adaptive": spec.adaptive,
-    }
+    return _shape(algo, spec.num_steps, spec.topk, spec.draft_tokens, spec.adaptive)
 
 
 def matching_profiles(server_args: Mapping[str, Any], specs: Sequence[ProfileSpec]) -> list[str]:
@@ -89,7 +100,9 @@ def describe_shape(server_args: Mapping[str, Any]) -> str:
     shape = server_shape(server_args)
     if shape["algorithm"] is None:
         return "no speculation"
+    if shape["adaptive"]:
+        return f"{shape['algorithm']} adaptive topk={shape['topk']}"
     return (
         f"{shape['algorithm']} steps={shape['num_steps']} topk={shape['topk']} "
-        f"draft_tokens={shape['draft_tokens']}" + (" adaptive" if shape["adaptive"] else "")
+        f"draft_tokens={shape['draft_tokens']}"
     )

@@ -204,6 +204,8 @@ def _args(algo: Any, steps: Any = None, topk: Any = None, tokens: Any = None, **
         (_args("EAGLE", 3, 1, 4), "eagle-default"),  # NEXTN resolved to EAGLE
         (_args("NEXTN", 3, 1, 4), "eagle-default"),
         (_args("EAGLE3", 3, 1, 4, speculative_adaptive=True), "adaptive"),
+        (_args("EAGLE3", 5, 1, 6, speculative_adaptive=True), "adaptive"),  # initial tier moves
+        (_args("EAGLE", 3, 1, 4, speculative_adaptive=True), None),
         (_args("EAGLE3", 3, 1, 4), None),  # adaptive switched off by SGLang: no match
         (_args("EAGLE3", 4, 1, 5), None),
         (_args("EAGLE3", 2, 2, 3), None),
