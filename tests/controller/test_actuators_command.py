@@ -14,7 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
-from actuator_fakes.support import (
+
+from controller.actuators import SwitchOutcome, make_actuator
+from controller.actuators.command import CommandActuator, expand
+from controller.clock import ScaledClock
+from controller.settings import Settings
+from tests.controller.actuator_fakes.support import (
     FAKE_ORCHESTRATOR,
     FAKE_SGLANG,
     PROFILES,
@@ -23,11 +28,6 @@ from actuator_fakes.support import (
     port_pids,
     settings,
 )
-
-from controller.actuators import SwitchOutcome, make_actuator
-from controller.actuators.command import CommandActuator, expand
-from controller.clock import ScaledClock
-from controller.settings import Settings
 
 Factory = Callable[..., tuple[CommandActuator, Settings]]
 SWITCH = [sys.executable, str(FAKE_ORCHESTRATOR), "switch", "{profile}", "{flags}"]

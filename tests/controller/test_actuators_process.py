@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-from actuator_fakes.support import alive, kill_everything, port_pids, settings, wait_until
 
 from controller.actuators import Funnel, SwitchOutcome, UnknownProfileError, make_actuator
 from controller.actuators.process import ProcessActuator
@@ -23,6 +22,14 @@ from controller.actuators.proctree import read_pid_file
 from controller.clock import ScaledClock
 from controller.settings import Settings
 from policies.types import Mode
+from tests.controller.actuator_fakes.support import (
+    PROFILES,
+    alive,
+    kill_everything,
+    port_pids,
+    settings,
+    wait_until,
+)
 
 Factory = Callable[..., ProcessActuator]
 
@@ -408,3 +415,22 @@ async def test_start_waits_for_a_server_an_earlier_controller_is_loading(
     state = await second.probe()
     assert state.pid == pid and state.profile == "eagle3-2step"
     assert port_pids(s.server.port) == {pid}
+
+
+async def test_an_adaptive_profile_is_identified(tmp_path: Path, make: Factory) -> None:
+    profiles = {
+        **PROFILES,
+        "adaptive": {
+            "kind": "adaptive",
+            "flags": [
+                "--speculative-algorithm", "EAGLE3",
+                "--speculative-draft-model-path", "lightseekorg/kimi-k2.5-eagle3",
+                "--speculative-adaptive",
+            ],
+        },
+    }  # fmt: skip
+    act = make(settings(tmp_path, profiles=profiles))
+    r = await act.start("adaptive")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    assert r.server_args is not None and r.server_args["speculative_adaptive"] is True
+    assert (await act.probe()).profile == "adaptive"

@@ -14,7 +14,14 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from actuator_fakes.support import (
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controller.actuators import SwitchOutcome, envfile, make_actuator
+from controller.actuators.systemd import SystemdActuator, env_assignments
+from controller.clock import ScaledClock
+from controller.settings import Settings
+from tests.controller.actuator_fakes.support import (
     FAKE_SYSTEMCTL_DIR,
     PROFILES,
     REPO,
@@ -24,13 +31,6 @@ from actuator_fakes.support import (
     port_pids,
     settings,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
-from controller.actuators import SwitchOutcome, envfile, make_actuator
-from controller.actuators.systemd import SystemdActuator, env_assignments
-from controller.clock import ScaledClock
-from controller.settings import Settings
 
 UNIT = "sglang@specpilot.service"
 Factory = Callable[..., tuple[SystemdActuator, Settings]]
