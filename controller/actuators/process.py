@@ -182,7 +182,10 @@ class ProcessActuator:
         def failed(outcome: SwitchOutcome, error: str) -> SwitchResult:
             return SwitchResult(outcome, from_profile, profile, self.clock.monotonic() - t0, error)
 
-        out = self._open_log(profile, argv)
+        try:
+            out = self._open_log(profile, argv)
+        except OSError as e:
+            return failed(SwitchOutcome.START_FAILED, f"cannot open server.log_file: {e}")
         try:
             proc = subprocess.Popen(
                 argv,
@@ -203,7 +206,10 @@ class ProcessActuator:
         self._adopted_pid = None
         self._profile = profile
         if self.server.pid_file:
-            write_pid_file(self.server.pid_file, proc.pid)
+            try:
+                write_pid_file(self.server.pid_file, proc.pid)
+            except OSError as e:  # the server runs; only a later adoption by pid file is lost
+                log.warning("cannot write server.pid_file %s: %s", self.server.pid_file, e)
         log.info("started %s as pid %d: %s", profile, proc.pid, " ".join(argv))
 
         return await self._await_ready(proc.pid, profile, from_profile, t0)

@@ -434,3 +434,13 @@ async def test_an_adaptive_profile_is_identified(tmp_path: Path, make: Factory) 
     assert r.outcome is SwitchOutcome.OK, r.error
     assert r.server_args is not None and r.server_args["speculative_adaptive"] is True
     assert (await act.probe()).profile == "adaptive"
+
+
+async def test_an_unwritable_log_file_is_start_failed(tmp_path: Path, make: Factory) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    act = make(settings(tmp_path, log_file=str(blocker / "server.log")))
+    r = await act.start("baseline")
+    assert r.outcome is SwitchOutcome.START_FAILED
+    assert "log_file" in (r.error or "")
+    assert act._proc is None
