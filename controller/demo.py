@@ -22,10 +22,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from controller.daemon import build, serve
+from controller.daemon import build, database_path, serve
 from controller.loop import Controller
 from controller.settings import Settings, settings_from_dict
 from simulator.load import LoadGenerator
+from store import Reader
 
 SIM_PROFILE = "kimi-k2.5-pcie-tuned"
 
@@ -230,8 +231,8 @@ async def _run_load_when_up(load: LoadGenerator, c: Controller, stop: asyncio.Ev
 
 
 def _summary(console: Console, daemon: Any, trace: DemoTrace, load: LoadGenerator) -> None:
-    store = daemon.store
-    switches = store.switches(since_s=None, limit=1000)
+    with Reader(database_path(daemon.settings)) as store:
+        switches = list(reversed(store.switches(since_s=None, limit=1000)))
     tokens = sum(t["tok"] or 0.0 for t in trace.ticks)
     poll = daemon.settings.controller.poll_interval_s
     per_profile = Counter(t["profile"] for t in trace.ticks)

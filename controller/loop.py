@@ -121,12 +121,19 @@ class Controller:
             )
         else:
             first = self.settings.server.initial_profile
-            result = await self.actuator.start(first)
-            self._record_switch(result, Reason.SWITCH_MANUAL, now, adopt=True)
-            if result.outcome is not SwitchOutcome.OK:
-                raise RuntimeError(f"could not start profile {first}: {result.error}")
-            self.running = first
+            result = await self.funnel.start(first)
+            if result.outcome is SwitchOutcome.SKIPPED_ADVISORY:
+                log.warning(
+                    "advisory mode and no server on %s: waiting for one to adopt",
+                    self.settings.server.base_url,
+                )
+            else:
+                self._record_switch(result, Reason.SWITCH_MANUAL, now)
+                if result.outcome is not SwitchOutcome.OK:
+                    raise RuntimeError(f"could not start profile {first}: {result.error}")
+                self.running = first
         self.last_good = self.running
+        self._close_interrupted_switch(now)
         saved = self.store.load_state(STATE_KEY_POLICY)
         self.state = None
         if saved:
@@ -138,11 +145,45 @@ class Controller:
                 self.state = None
         if self.state is None:
             self.state = policy.initial_state(
-                list(self.specs.values()), self.running, now, self.psettings
+                list(self.specs.values()),
+                self.running or self.settings.server.initial_profile,
+                now,
+                self.psettings,
             )
         self._load_overrides(now)
         self.metrics.set_profile(self.running)
         self.metrics.set_mode(self.mode)
+
+    def _close_interrupted_switch(self, now: float) -> None:
+        """A switch left open by a controller that died mid-switch: its outcome is unknown, but
+        the server found now (adopted above) is what runs."""
+        open_ = self.store.open_switch()
+        if open_ is None:
+            return
+        self.store.finish_switch(
+            int(open_["id"]),
+            ended_s=now,
+            outcome="unknown",
+            error=f"controller restarted during the switch; found {self.running or 'nothing'}",
+        )
+        log.warning(
+            "switch %s -> %s was interrupted by a controller restart; now running: %s",
+            open_["from_profile"],
+            open_["to_profile"],
+            self.running,
+        )
+
+    async def _adopt_if_down(self) -> None:
+        """No server known (advisory start, or a failed start): adopt one that came up."""
+        if self.running is not None or self.funnel.busy:
+            return
+        probe = await self.actuator.probe()
+        if probe.up and probe.profile is not None:
+            self.running = probe.profile
+            if self.last_good is None:
+                self.last_good = probe.profile
+            log.info("adopted server running %s", probe.profile)
+            self.metrics.set_profile(self.running)
 
     def _load_overrides(self, now: float) -> None:
         saved = self.store.load_state(STATE_KEY_OVERRIDES) or {}
@@ -198,6 +239,7 @@ class Controller:
         assert self.state is not None, "startup() first"
         self._expire_overrides(now)
 
+        await self._adopt_if_down()
         crash = await self._check_crash(now)
         if crash is not None:
             return crash
@@ -392,7 +434,10 @@ class Controller:
         self.crash_restarts += 1
         d = Decision(now, Action.SWITCH, target, reason, {"crash_restarts": self.crash_restarts})
         self._record_decision(d, acted=True)
-        result = await self.actuator.start(target)
+        result = await self.funnel.start(target)
+        if result.outcome in (SwitchOutcome.SKIPPED_ADVISORY, SwitchOutcome.REFUSED_BUSY):
+            self._remember(d)
+            return d
         self._record_switch(result, reason, now)
         self.prev = None
         if result.outcome is SwitchOutcome.OK:
@@ -412,9 +457,7 @@ class Controller:
         self._remember(d)
         return d
 
-    def _record_switch(
-        self, result: SwitchResult, reason: Reason, now: float, *, adopt: bool = False
-    ) -> int:
+    def _record_switch(self, result: SwitchResult, reason: Reason, now: float) -> int:
         self.metrics.switches.labels(reason.value, result.outcome.value).inc()
         if result.outcome is SwitchOutcome.OK:
             self.metrics.downtime.observe(result.downtime_s)
