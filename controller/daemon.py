@@ -89,7 +89,7 @@ async def build(
 ) -> Daemon:
     clock = clock or ScaledClock(settings.controller.time_scale)
     store = Store(db_path or database_path(settings))
-    client = httpx.AsyncClient(timeout=settings.controller.scrape_timeout_s)
+    client = httpx.AsyncClient(timeout=settings.controller.scrape_timeout_s, trust_env=False)
     actuator = make_actuator(settings, clock, client)
     controller = Controller(
         settings,
@@ -141,13 +141,22 @@ async def serve(
         daemon.api_server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
 
     ready_sent = False
+    last_tick = [ctl.clock.monotonic()]
+    poll_s = settings.controller.poll_interval_s
+
+    def healthy() -> bool:
+        # The loop ticked recently, or a switch (which holds a tick for minutes) is in flight.
+        stale = (
+            ctl.clock.monotonic() - last_tick[0] > 3 * poll_s + settings.controller.scrape_timeout_s
+        )
+        return ctl.funnel.busy or not stale
 
     def after_tick(c: Controller) -> None:
         nonlocal ready_sent
         if c.ready and not ready_sent:
             notify.notify("READY=1")
             ready_sent = True
-        notify.notify("WATCHDOG=1")
+        last_tick[0] = c.clock.monotonic()
         notify.notify(f"STATUS={_status_line(c)}")
         if reload_requested.is_set():
             reload_requested.clear()
@@ -159,13 +168,16 @@ async def serve(
         if daemon.api_server is not None:
             await daemon.api_server.serve()
 
-    async def stopper() -> None:
-        await stop.wait()
-        if daemon.api_server is not None:
-            daemon.api_server.should_exit = True
-
     try:
         async with asyncio.TaskGroup() as tg:
+            watchdog = tg.create_task(notify.watchdog_task(healthy))
+
+            async def stopper() -> None:
+                await stop.wait()
+                watchdog.cancel()
+                if daemon.api_server is not None:
+                    daemon.api_server.should_exit = True
+
             tg.create_task(ctl.run(stop, after_tick))
             tg.create_task(api_task())
             tg.create_task(stopper())

@@ -115,7 +115,8 @@ class ServerSettings(_Frozen):
     log_file: str = Field("", description="Server stdout/stderr; empty: inherit.")
     systemd_unit: str = Field("sglang@specpilot.service", description="Unit (systemd actuator).")
     systemd_env_file: str = Field(
-        "/etc/specpilot/sglang.env", description="EnvironmentFile of the unit."
+        "/etc/specpilot/sglang-specpilot.env",
+        description="EnvironmentFile of the unit (deploy/sglang@.service: sglang-%i.env).",
     )
     switch_command: list[str] = Field(
         default_factory=list, description="command actuator: run with {profile} and {flags}."
@@ -166,6 +167,8 @@ class Settings(_Frozen):
                 f"server.initial_profile {self.server.initial_profile!r} is not a profile "
                 f"(have: {', '.join(sorted(self.profiles))})"
             )
+        if self.server.actuator == "command" and not self.server.switch_command:
+            raise ValueError("server.actuator = 'command' needs server.switch_command")
         sim_speed = _flag_values(self.server.common_flags).get("--sim-speed")
         if sim_speed is not None and float(sim_speed) != self.controller.time_scale:
             raise ValueError(
@@ -275,6 +278,7 @@ def profile_spec(name: str, profile: ProfileSettings) -> ProfileSpec:
         )
     if algo == "NEXTN":
         algo = "EAGLE"
+    explicit_steps = steps
     if steps is None:
         if topk is not None or tokens is not None:
             raise ValueError(
@@ -299,6 +303,11 @@ def profile_spec(name: str, profile: ProfileSettings) -> ProfileSpec:
     if adaptive:
         cfg = vals.get("--speculative-adaptive-config")
         candidates = _adaptive_candidates(cfg) if cfg else (0, 1, 3, 5, 7)
+        if explicit_steps is None:
+            # SGLang starts an adaptive server at the middle of its candidate steps.
+            positive = [c for c in candidates if c > 0] or [1]
+            steps = positive[len(positive) // 2]
+            tokens = steps + 1
     return ProfileSpec(
         name=name,
         num_steps=steps,

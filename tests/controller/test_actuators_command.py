@@ -113,9 +113,9 @@ async def test_status_command_breaks_ties_between_identical_shapes(make: Factory
 
 
 def test_command_actuator_needs_a_switch_command(tmp_path: Path) -> None:
-    s = settings(tmp_path, actuator="command")
+    # Caught when the configuration is read (exit 78), before any actuator is built.
     with pytest.raises(ValueError, match="switch_command"):
-        make_actuator(s, ScaledClock(SPEED), httpx.AsyncClient())
+        settings(tmp_path, actuator="command")
 
 
 def test_expand_whole_arguments_and_quoted_embedding() -> None:

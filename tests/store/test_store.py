@@ -250,7 +250,7 @@ def test_overrides_findings_state(store: Store) -> None:
     assert hist[1]["id"] == oid and hist[1]["until_s"] == 3650.0
     assert hist[0]["mode"] == "advisory"
     with pytest.raises(StoreError, match="override kind"):
-        store.record_override("unpin", 1.0, "x")
+        store.record_override("unpinn", 1.0, "x")
     with pytest.raises(StoreError, match="ttl_s"):
         store.record_override("pause", 1.0, "x", ttl_s=-5)
     with pytest.raises(StoreError, match="actor"):
