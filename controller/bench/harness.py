@@ -195,10 +195,13 @@ class VirtualServer:
         ):
             for k, v in src.items():
                 dst[k] = dst.get(k, 0.0) + v
-        self.decode_tokens += r.output_tokens
+        # SGLang counts decode tokens (realtime_tokens_total{mode="decode"}, decode_moments) from
+        # decode/verify cycles only: each request's first token comes from its prefill.
+        decode = max(0.0, r.output_tokens - sum(r.requests.values()))
+        self.decode_tokens += decode
         self.cycles += r.cycles
         self.moments += np.array(
-            [r.cycles, r.sum_bs, r.sum_step_s, r.sum_bs2, r.sum_bs_step_s, r.output_tokens]
+            [r.cycles, r.sum_bs, r.sum_step_s, r.sum_bs2, r.sum_bs_step_s, decode]
         )
         h = np.asarray(r.accepted_drafts_hist, dtype=float)
         if len(h) > len(self.hist):
