@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from controller.api import create_app
 from controller.clock import Clock, ScaledClock
 from controller.loop import Controller
 from controller.metrics import ControllerMetrics
-from controller.settings import ConfigError, Settings, load_settings
+from controller.settings import EXIT_CONFIG, ConfigError, Settings, load_settings, policy_settings
 from store import Store
 
 log = logging.getLogger("specpilot.daemon")
@@ -45,17 +45,30 @@ def database_path(settings: Settings) -> Path:
     return p
 
 
+JOURNAL_FORMAT = "%(levelname)s %(name)s: %(message)s"
+CONSOLE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def log_format(env: Mapping[str, str] | None = None) -> str:
+    """journald stamps every line itself: under systemd (JOURNAL_STREAM set) print no time."""
+    env = os.environ if env is None else env
+    return JOURNAL_FORMAT if env.get("JOURNAL_STREAM") else CONSOLE_FORMAT
+
+
 def setup_logging(level: str) -> None:
-    """journald adds its own timestamps: under systemd (JOURNAL_STREAM set) print none."""
-    under_journal = bool(os.environ.get("JOURNAL_STREAM"))
-    fmt = (
-        "%(levelname)s %(name)s: %(message)s"
-        if under_journal
-        else ("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
-    logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr, force=True)
+    logging.basicConfig(level=level.upper(), format=log_format(), stream=sys.stderr, force=True)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.WARNING)
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+
+
+class EmbeddedServer(uvicorn.Server):
+    """uvicorn inside our TaskGroup: its signal capture is off (the daemon owns SIGTERM/SIGINT;
+    uvicorn >= 0.29 would otherwise replace our handlers for the time it serves)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 @dataclass
@@ -102,12 +115,6 @@ async def build(
     return Daemon(config_path, settings, controller, store, client)
 
 
-def _status_line(c: Controller) -> str:
-    d = c.last_decision
-    last = f"{d.action.value} {d.profile} ({d.reason.value})" if d else "none"
-    return f"profile={c.running} mode={c.mode.value} last={last}"
-
-
 async def serve(
     daemon: Daemon,
     *,
@@ -115,65 +122,83 @@ async def serve(
     on_tick: Callable[[Controller], None] | None = None,
     install_signals: bool = True,
 ) -> int:
-    """Run until SIGTERM/SIGINT (or `stop`). Returns the exit code."""
+    """Run until SIGTERM/SIGINT (or `stop`). Returns the exit code.
+
+    The tick in progress when the stop comes finishes (a switch in flight runs to its end and is
+    recorded); STOPPING=1 goes out at once. The server is stopped only with owns_server."""
     stop = stop or asyncio.Event()
     ctl = daemon.controller
     loop = asyncio.get_running_loop()
     reload_requested = asyncio.Event()
+
+    def request_stop(signame: str) -> None:
+        if not stop.is_set():
+            log.info("%s: finishing the tick, then stopping", signame)
+        stop.set()
+
     if install_signals:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, request_stop, sig.name)
         loop.add_signal_handler(signal.SIGHUP, reload_requested.set)
 
-    await ctl.startup()
-    settings = daemon.settings
-    if settings.api.enabled:
-        app = create_app(ctl, settings.api_token())
-        config = uvicorn.Config(
-            app,
-            host=settings.api.host,
-            port=settings.api.port,
-            log_level="warning",
-            lifespan="off",
-        )
-        daemon.api_server = uvicorn.Server(config)
-        # The TaskGroup owns signals; uvicorn must not install its own handlers.
-        daemon.api_server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    stopping_sent = False
 
-    ready_sent = False
-    last_tick = [ctl.clock.monotonic()]
-    poll_s = settings.controller.poll_interval_s
-
-    def healthy() -> bool:
-        # The loop ticked recently, or a switch (which holds a tick for minutes) is in flight.
-        stale = (
-            ctl.clock.monotonic() - last_tick[0] > 3 * poll_s + settings.controller.scrape_timeout_s
-        )
-        return ctl.funnel.busy or not stale
-
-    def after_tick(c: Controller) -> None:
-        nonlocal ready_sent
-        if c.ready and not ready_sent:
-            notify.notify("READY=1")
-            ready_sent = True
-        last_tick[0] = c.clock.monotonic()
-        notify.notify(f"STATUS={_status_line(c)}")
-        if reload_requested.is_set():
-            reload_requested.clear()
-            _reload(daemon)
-        if on_tick is not None:
-            on_tick(c)
-
-    async def api_task() -> None:
-        if daemon.api_server is not None:
-            await daemon.api_server.serve()
+    def send_stopping() -> None:
+        nonlocal stopping_sent
+        if not stopping_sent:
+            notify.notify("STOPPING=1", f"STATUS=stopping; {ctl.status_line()}")
+            stopping_sent = True
 
     try:
+        await ctl.startup()
+        settings = daemon.settings
+        if settings.api.enabled:
+            app = create_app(ctl, settings.api_token())
+            config = uvicorn.Config(
+                app,
+                host=settings.api.host,
+                port=settings.api.port,
+                log_level="warning",
+                log_config=None,  # our handlers and format (journald-friendly)
+                lifespan="off",
+            )
+            daemon.api_server = EmbeddedServer(config)
+
+        ready_sent = False
+        last_tick = [ctl.clock.monotonic()]
+
+        def healthy() -> bool:
+            # The loop ticked recently, or a switch (which holds a tick for minutes) is in flight.
+            poll_s = daemon.settings.controller.poll_interval_s
+            limit = 3 * poll_s + daemon.settings.controller.scrape_timeout_s
+            return ctl.funnel.busy or ctl.clock.monotonic() - last_tick[0] <= limit
+
+        def after_tick(c: Controller) -> None:
+            nonlocal ready_sent
+            last_tick[0] = c.clock.monotonic()
+            states = ["WATCHDOG=1", f"STATUS={c.status_line()}"]
+            if c.ready and not ready_sent:
+                # Migrations ran (Store), the config is valid, and a scrape succeeded.
+                states.insert(0, "READY=1")
+                ready_sent = True
+                log.info("ready: %s", c.status_line())
+            notify.notify(*states)
+            if reload_requested.is_set():
+                reload_requested.clear()
+                reload_config(daemon, ready=ready_sent)
+            if on_tick is not None:
+                on_tick(c)
+
+        async def api_task() -> None:
+            if daemon.api_server is not None:
+                await daemon.api_server.serve()
+
         async with asyncio.TaskGroup() as tg:
             watchdog = tg.create_task(notify.watchdog_task(healthy))
 
             async def stopper() -> None:
                 await stop.wait()
+                send_stopping()
                 watchdog.cancel()
                 if daemon.api_server is not None:
                     daemon.api_server.should_exit = True
@@ -182,52 +207,82 @@ async def serve(
             tg.create_task(api_task())
             tg.create_task(stopper())
     finally:
-        notify.notify("STOPPING=1")
+        send_stopping()
         with contextlib.suppress(Exception):
-            if settings.server.owns_server:
+            if daemon.settings.server.owns_server:
                 await ctl.actuator.shutdown()
         await daemon.client.aclose()
         daemon.store.close()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
+        log.info("stopped")
     return 0
 
 
-def _reload(daemon: Daemon) -> None:
-    """SIGHUP: re-read config.toml; apply what can change between ticks, keep the old on error."""
+def reload_config(daemon: Daemon, *, ready: bool = True) -> bool:
+    """SIGHUP, between ticks: re-read config.toml and apply what can change while running
+    ([controller] mode, poll_interval_s, scrape_error_limit, log_level; [policy]). [server],
+    [api], [profiles] and the database take effect at the next start (the actuator, the API
+    socket and the policy's profile set were built from them); the old values stay and a warning
+    says so. An invalid file is rejected with the message and the old configuration stays.
+    Returns whether the new file was applied."""
     if daemon.config_path is None:
-        return
+        return False
     notify.notify("RELOADING=1")
     try:
         new = load_settings(daemon.config_path)
     except ConfigError as e:
         log.error("reload rejected, keeping the old configuration:\n%s", e)
-        notify.notify("READY=1")
-        return
+        if ready:
+            notify.notify("READY=1")
+        return False
+    old = daemon.settings
     ctl = daemon.controller
-    if set(new.profiles) != set(daemon.settings.profiles) or new.server != daemon.settings.server:
-        log.warning(
-            "reload: [server] and the profile set take effect at the next start of specpilot; "
-            "applied: [controller].mode, poll_interval_s, [policy], profile flags/env"
+    kept = [
+        name
+        for name, same in (
+            ("[server]", new.server == old.server),
+            ("[api]", new.api == old.api),
+            ("[profiles]", new.profiles == old.profiles),
+            ("[controller].database", new.controller.database == old.controller.database),
+            ("[controller].time_scale", new.controller.time_scale == old.controller.time_scale),
+            (
+                "[controller].scrape_timeout_s",
+                new.controller.scrape_timeout_s == old.controller.scrape_timeout_s,
+            ),
         )
-    from controller.settings import policy_settings
-
-    ctl.psettings = policy_settings(new)
-    ctl.settings = new.model_copy(update={"server": daemon.settings.server})
-    daemon.settings = ctl.settings
+        if not same
+    ]
+    if kept:
+        log.warning("reload: %s changed; that takes effect at the next start", ", ".join(kept))
+    controller_settings = new.controller.model_copy(
+        update={
+            "database": old.controller.database,
+            "time_scale": old.controller.time_scale,
+            "scrape_timeout_s": old.controller.scrape_timeout_s,
+        }
+    )
+    effective = old.model_copy(update={"controller": controller_settings, "policy": new.policy})
+    ctl.psettings = policy_settings(effective)
+    ctl.settings = effective
+    daemon.settings = effective
+    logging.getLogger().setLevel(effective.controller.log_level.upper())
+    if new.controller.mode != old.controller.mode:
+        ctl.set_mode(new.controller.mode, f"config reloaded from {daemon.config_path}", "sighup")
     log.info("configuration reloaded from %s", daemon.config_path)
-    notify.notify("READY=1")
+    if ready:
+        notify.notify("READY=1", f"STATUS={ctl.status_line()}")
+    return True
 
 
 def run_daemon(config_path: Path) -> int:
-    """`specpilot run --config FILE`."""
+    """`specpilot run --config FILE`: exit 78 for a bad file, 1 when the server cannot be
+    started or adopted, 0 after a clean stop."""
     try:
         settings = load_settings(config_path)
     except ConfigError as e:
         print(f"specpilot: {e}", file=sys.stderr)
-        from controller.settings import EXIT_CONFIG
-
         return EXIT_CONFIG
     setup_logging(settings.controller.log_level)
 

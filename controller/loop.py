@@ -5,6 +5,23 @@ policy state, overrides, the trial in progress) and the operations the API and C
 (pin, pause, mode, manual switch, trial abort, clearing a block). The policy decides; the
 actuation funnel acts; the store records. This module does no parsing (controller.observe) and
 no policy arithmetic (policies/). Time comes from the injected Clock.
+
+Safety rules the loop owns (the policy owns trials, rollbacks after a failed start or a failed
+trial, and the quarantine of a profile that failed to start, `[policy] failed_profile_backoff_s`):
+- Every actuation is recorded before the actuator is called (the decision, and an open switch
+  row the funnel's `on_start` writes), and finished when it returns: a controller killed in the
+  middle leaves an open row that the next start closes as `unknown`, and it adopts the server it
+  finds (or waits for the one the interrupted switch was starting) instead of starting another.
+- A crash outside a switch restarts the same profile after `[server] crash_backoff_s`, doubling
+  per consecutive crash or failed restart up to `crash_backoff_max_s`; a crash of the profile on
+  trial rolls back at once to the profile before it (ROLLBACK_CRASH) and quarantines it.
+- When nothing serves and the policy has no rollback left (the rollback itself failed), the last
+  good profile is started again, with the same backoff.
+- `[server] start_failure_limit` consecutive failed starts block automatic actuation, as an
+  unknown outcome does, until a person clears the block through the API.
+- `[controller] scrape_error_limit` consecutive failed scrapes mark the target down: a trial in
+  progress ends inconclusive (failed scrapes are never evidence of a low rate) and rolls back;
+  outside a trial the loop holds and says why in the status.
 """
 
 from __future__ import annotations
@@ -44,6 +61,9 @@ log = logging.getLogger("specpilot.loop")
 
 STATE_KEY_POLICY = "policy_state"
 STATE_KEY_OVERRIDES = "overrides"
+STATE_KEY_LOOP = "loop"  # last good profile and the store id of the running trial's switch
+
+_RECORDABLE = (SwitchOutcome.OK, SwitchOutcome.START_FAILED, SwitchOutcome.UNKNOWN)
 RETENTION_EVERY_S = 3600.0  # server time between two Store.apply_retention runs
 
 
@@ -100,8 +120,15 @@ class Controller:
         self.overrides = Overrides(mode=self.mode)
         self.trial_switch_id: int | None = None  # store id of the switch whose trial runs
         self.history: deque[TickRecord] = deque(maxlen=720)
+        # Consecutive crashes and failed restarts (the backoff's exponent); reset once a server
+        # has served for crash_backoff_max_s.
         self.crash_restarts = 0
         self.next_crash_restart_s = 0.0
+        # A restart the loop owes (profile, reason, diagnostics), due at next_crash_restart_s.
+        self.restart_plan: tuple[str, Reason, dict[str, Any]] | None = None
+        self.start_failures = 0  # consecutive START_FAILED outcomes (start_failure_limit)
+        self.scrape_errors = 0  # consecutive failed scrapes (scrape_error_limit)
+        self.served_since_s: float | None = None  # when the running server last came up
         self.ready = False  # first good scrape done
         self.state: policy.PolicyState | None = None
         self._on_tick: list[Callable[[Controller], None]] = []
@@ -110,8 +137,10 @@ class Controller:
 
     # ----------------------------------------------------------------------------- lifecycle
     async def startup(self) -> None:
-        """Warm start from the store, then adopt a running server or start the initial profile."""
+        """Warm start from the store, then adopt a running server (or wait for the one an
+        interrupted switch was starting) or start the initial profile."""
         now = self.clock.now()
+        interrupted = self.store.open_switch()
         probe = await self.actuator.probe()
         if probe.up and probe.profile is not None:
             self.running = probe.profile
@@ -121,21 +150,35 @@ class Controller:
                 "a server is up on the port but its /server_info matches no profile in the "
                 f"config ({probe.detail}); refusing to start a second one"
             )
-        else:
+        found = self.running or (
+            f"server process {probe.pid} still starting" if probe.pid is not None else "nothing"
+        )
+        self._close_interrupted_switch(interrupted, found, now)
+        self._load_loop_state()
+        if self.running is None:
             first = self.settings.server.initial_profile
-            result = await self.funnel.start(first)
-            if result.outcome is SwitchOutcome.SKIPPED_ADVISORY:
+            if interrupted is not None:
+                # A process still loading is the interrupted switch's target: wait for it (the
+                # actuator adopts a server loading the asked profile); otherwise bring back the
+                # profile that served before the switch.
+                wanted = interrupted["to_profile"] if probe.pid is not None else None
+                wanted = wanted or interrupted["from_profile"]
+                if wanted in self.specs:
+                    first = str(wanted)
+            d = Decision(now, Action.SWITCH, first, Reason.SWITCH_MANUAL, {"startup": True})
+            result, sid = await self._actuate(d, start=True)
+            if sid is None and result.outcome is SwitchOutcome.SKIPPED_ADVISORY:
                 log.warning(
                     "advisory mode and no server on %s: waiting for one to adopt",
                     self.settings.server.base_url,
                 )
+            elif result.outcome is not SwitchOutcome.OK:
+                raise RuntimeError(f"could not start profile {first}: {result.error}")
             else:
-                self._record_switch(result, Reason.SWITCH_MANUAL, now)
-                if result.outcome is not SwitchOutcome.OK:
-                    raise RuntimeError(f"could not start profile {first}: {result.error}")
                 self.running = first
-        self.last_good = self.running
-        self._close_interrupted_switch(now)
+                self.served_since_s = self.clock.now()
+        if self.last_good is None or self.last_good not in self.specs:
+            self.last_good = self.running
         saved = self.store.load_state(STATE_KEY_POLICY)
         self.state = None
         if saved:
@@ -152,27 +195,56 @@ class Controller:
                 now,
                 self.psettings,
             )
+        self._settle_restored_state()
         self._load_overrides(now)
         self.metrics.set_profile(self.running)
         self.metrics.set_mode(self.mode)
 
-    def _close_interrupted_switch(self, now: float) -> None:
+    def _settle_restored_state(self) -> None:
+        """A restored policy state may describe a moment the server has left behind: a switch
+        the last controller decided but never reported (its process is gone: the shell lost it),
+        or a trial of a profile that no longer runs."""
+        assert self.state is not None
+        self.state.pending = None
+        trial = self.state.trial
+        if trial is not None and trial.get("profile") != self.running:
+            log.info("the trial of %s ended with the last controller", trial.get("profile"))
+            self.state.trial = None
+        if self.state.trial is None:
+            self.trial_switch_id = None
+
+    def _close_interrupted_switch(
+        self, open_: dict[str, Any] | None, found: str, now: float
+    ) -> None:
         """A switch left open by a controller that died mid-switch: its outcome is unknown, but
         the server found now (adopted above) is what runs."""
-        open_ = self.store.open_switch()
         if open_ is None:
             return
         self.store.finish_switch(
             int(open_["id"]),
             ended_s=now,
             outcome="unknown",
-            error=f"controller restarted during the switch; found {self.running or 'nothing'}",
+            error=f"controller restarted during the switch; found {found}",
         )
         log.warning(
-            "switch %s -> %s was interrupted by a controller restart; now running: %s",
+            "switch %s -> %s was interrupted by a controller restart; found: %s",
             open_["from_profile"],
             open_["to_profile"],
-            self.running,
+            found,
+        )
+
+    def _load_loop_state(self) -> None:
+        saved = self.store.load_state(STATE_KEY_LOOP) or {}
+        last_good = saved.get("last_good")
+        if last_good in self.specs:
+            self.last_good = str(last_good)
+        sid = saved.get("trial_switch_id")
+        self.trial_switch_id = int(sid) if isinstance(sid, int) else None
+
+    def _save_loop_state(self) -> None:
+        self.store.save_state(
+            STATE_KEY_LOOP,
+            {"last_good": self.last_good, "trial_switch_id": self.trial_switch_id},
         )
 
     async def _adopt_if_down(self) -> None:
@@ -182,6 +254,9 @@ class Controller:
         probe = await self.actuator.probe()
         if probe.up and probe.profile is not None:
             self.running = probe.profile
+            self.served_since_s = self.clock.now()
+            self.prev = None
+            self.restart_plan = None  # someone else brought a server back
             if self.last_good is None:
                 self.last_good = probe.profile
             log.info("adopted server running %s", probe.profile)
@@ -242,36 +317,13 @@ class Controller:
         self._expire_overrides(now)
 
         await self._adopt_if_down()
-        crash = await self._check_crash(now)
-        if crash is not None:
-            return crash
+        handled = await self._check_server(now)
+        if handled is not None:
+            self.predictions = policy.predictions(self.state)
+            self.metrics.set_predictions(self.predictions)
+            return self._end_tick(handled, now, t_real)
 
-        obs: Observation | None = None
-        scrape_ok = True
-        try:
-            snap = await scrape(
-                self.client,
-                self.settings.server.base_url,
-                profile=self.running or "(none)",
-                t_s=now,
-            )
-        except ObserveError as e:
-            scrape_ok = False
-            self.metrics.scrape_errors.inc()
-            self.metrics.target_up.set(0)
-            log.warning("scrape failed: %s", e)
-        else:
-            self.metrics.target_up.set(1)
-            self.ready = True
-            if self.prev is not None and self.prev.profile == snap.profile:
-                obs = diff(self.prev, snap)
-            self.prev = snap
-
-        if obs is not None:
-            self.last_obs = obs
-            self.store.record_observation(obs)
-            self.metrics.observe_window(obs)
-
+        obs, scrape_ok = await self._observe(now)
         if not scrape_ok or obs is not None:
             trial_before = self.state.trial
             self.state, decision = policy.decide(
@@ -279,10 +331,12 @@ class Controller:
             )
             self._record_trial_end(trial_before, decision, now)
             self._record_findings(now)
+            if not scrape_ok:
+                decision = self._judge_scrape_errors(decision, now)
         else:
             # First good scrape after a start: a window needs two snapshots.
             decision = Decision(
-                now, Action.HOLD, self.running, Reason.HOLD_INSUFFICIENT_DATA, {"windows": 0}
+                now, Action.HOLD, self.running or "", Reason.HOLD_INSUFFICIENT_DATA, {"windows": 0}
             )
         self.predictions = policy.predictions(self.state)
         self.metrics.set_predictions(self.predictions)
@@ -291,25 +345,80 @@ class Controller:
             decision = await self._act(decision, now)
         else:
             self._record_decision(decision, acted=False)
+        return self._end_tick(decision, now, t_real)
 
+    async def _observe(self, now: float) -> tuple[Observation | None, bool]:
+        """Scrape the server: (the window since the last scrape or None, whether it answered).
+        With nothing running there is nothing to observe (and nothing to count as an error)."""
+        if self.running is None:
+            self.metrics.target_up.set(0)
+            return None, False
+        try:
+            snap = await scrape(
+                self.client, self.settings.server.base_url, profile=self.running, t_s=now
+            )
+        except ObserveError as e:
+            self.scrape_errors += 1
+            self.metrics.scrape_errors.inc()
+            self.metrics.target_up.set(0)
+            limit = self.settings.controller.scrape_error_limit
+            if self.scrape_errors == limit:
+                log.error("target down: %d consecutive failed scrapes (last: %s)", limit, e)
+            else:
+                log.warning("scrape failed (%d in a row): %s", self.scrape_errors, e)
+            return None, False
+        if self.scrape_errors >= self.settings.controller.scrape_error_limit:
+            log.warning("target up again after %d failed scrapes", self.scrape_errors)
+        self.scrape_errors = 0
+        self.metrics.target_up.set(1)
+        self.ready = True
+        obs = None
+        if self.prev is not None and self.prev.profile == snap.profile:
+            obs = diff(self.prev, snap)
+        self.prev = snap
+        if obs is not None:
+            self.last_obs = obs
+            self.store.record_observation(obs)
+            self.metrics.observe_window(obs)
+        return obs, True
+
+    def _judge_scrape_errors(self, d: Decision, now: float) -> Decision:
+        """The trial's consecutive-error limit: a profile on trial whose scrapes keep failing
+        cannot be judged. Its trial ends inconclusive (a failed scrape is no evidence of a low
+        rate) and the profile before it comes back; the unobservable profile is quarantined like
+        one that failed to start."""
+        assert self.state is not None
+        trial = self.state.trial
+        n = self.scrape_errors
+        if (
+            n < self.settings.controller.scrape_error_limit
+            or trial is None
+            or trial.get("profile") != self.running
+            or d.action is not Action.HOLD
+        ):
+            return d
+        failed = str(trial["profile"])
+        self.state.trial = None
+        self.state.failed[failed] = now
+        self._finish_trial("inconclusive", now, trial, {"scrape_errors": n})
+        return Decision(
+            now,
+            Action.SWITCH,
+            str(trial["from"]),
+            Reason.ROLLBACK_TRIAL_FAILED,
+            {"trial_outcome": "inconclusive", "scrape_errors": n, "failed_profile": failed},
+        )
+
+    def _end_tick(self, decision: Decision, now: float, t_real: float) -> Decision:
+        assert self.state is not None
         self.store.record_estimates(now, self.predictions)
         self.store.save_state(STATE_KEY_POLICY, self.state.to_dict())
-        self.maybe_apply_retention(now)
+        self._save_loop_state()
         self._remember(decision)
         self.metrics.tick_seconds.observe(time.perf_counter() - t_real)
         for cb in self._on_tick:
             cb(self)
         return decision
-
-    def maybe_apply_retention(self, now: float) -> dict[str, int] | None:
-        """Downsample and trim the store once per RETENTION_EVERY_S of server time (the first
-        tick after a start runs it too); returns the store's counts when it ran."""
-        if now - self._retention_at_s < RETENTION_EVERY_S:
-            return None
-        self._retention_at_s = now
-        out = self.store.apply_retention(now)
-        log.debug("retention: %s", out)
-        return out
 
     def _remember(self, d: Decision) -> None:
         obs = self.last_obs
@@ -327,8 +436,8 @@ class Controller:
         )
         self.last_decision = d
 
-    def _record_decision(self, d: Decision, *, acted: bool) -> None:
-        self.store.record_decision(d, mode=self.mode, acted=acted)
+    def _record_decision(self, d: Decision, *, acted: bool) -> int:
+        decision_id = self.store.record_decision(d, mode=self.mode, acted=acted)
         self.metrics.count_decision(d)
         changed = (
             self.last_decision is None
@@ -337,63 +446,188 @@ class Controller:
             or d.action is Action.SWITCH
         )
         # One summary line per decision that differs from the last; repeats go to debug.
-        log.log(logging.INFO if changed else logging.DEBUG, "decision: %s", d.summary())
+        log.log(
+            logging.INFO if changed else logging.DEBUG,
+            "decision: %s%s",
+            d.summary(),
+            "" if acted or d.action is Action.HOLD else " (not acted)",
+        )
+        return decision_id
 
     # ----------------------------------------------------------------------------- acting
+    async def _actuate(
+        self, d: Decision, *, start: bool, manual: bool = False
+    ) -> tuple[SwitchResult, int | None]:
+        """One start or switch through the funnel. The decision (acted) and an open switch row
+        are written right before the actuator is called, and the row is finished when it
+        returns; a funnel that does not act (advisory, busy, blocked) leaves the decision
+        recorded as not acted and no switch row. Returns the result and the switch's id."""
+        from_profile = self.running
+        rec: dict[str, int] = {}
+        predicted = self._prediction(d.profile)
+
+        def on_start() -> None:
+            decision_id = self._record_decision(d, acted=True)
+            sid = self.store.start_switch(
+                from_profile, d.profile, d.reason.value, self.clock.now(), decision_id
+            )
+            rec["switch_id"] = sid
+            if d.reason is Reason.SWITCH_PREDICTED_GAIN:
+                # The trial exists from the decision on; it runs once the profile serves.
+                self.store.record_trial(
+                    sid,
+                    "pending",
+                    self.clock.now(),
+                    predicted_tok_s=predicted.mean if predicted else None,
+                )
+
+        funnel_call = self.funnel.start if start else self.funnel.switch
+        result = await funnel_call(d.profile, manual=manual, on_start=on_start)
+        sid = rec.get("switch_id")
+        if sid is None:
+            self._record_decision(d, acted=False)
+            if result.outcome is SwitchOutcome.SKIPPED_ADVISORY:
+                log.info("advisory: not acting on %s %s", d.action.value, d.profile)
+            else:
+                log.warning("not acting on %s %s: %s", d.action.value, d.profile, result.error)
+            return result, None
+        self._finish_switch(sid, result, d.reason)
+        return result, sid
+
+    def _finish_switch(self, sid: int, result: SwitchResult, reason: Reason) -> None:
+        self.metrics.switches.labels(reason.value, result.outcome.value).inc()
+        if result.outcome is SwitchOutcome.OK:
+            self.metrics.downtime.observe(result.downtime_s)
+        if result.outcome in _RECORDABLE:
+            outcome, error = result.outcome.value, result.error
+        else:
+            # The actuator refused before touching anything (a server already holds the port).
+            outcome, error = "start_failed", f"refused, nothing was touched: {result.error}"
+        self.store.finish_switch(
+            sid,
+            ended_s=self.clock.now(),
+            outcome=outcome,
+            downtime_s=result.downtime_s,
+            error=error,
+        )
+
+    def _prediction(self, profile: str) -> Estimate | None:
+        return next((p.tok_s for p in self.predictions if p.profile == profile), None)
+
     async def _act(self, d: Decision, now: float) -> Decision:
-        pred = next((p.tok_s for p in self.predictions if p.profile == d.profile), None)
-        result = await self.funnel.switch(d.profile)
-        acted = result.outcome not in (SwitchOutcome.SKIPPED_ADVISORY, SwitchOutcome.REFUSED_BUSY)
-        self._record_decision(d, acted=acted)
-        if not acted:
-            return d
-        switch_id = self._record_switch(result, d.reason, now)
-        self._after_switch(result, d.reason, now, switch_id, pred)
+        result, sid = await self._actuate(d, start=False)
+        if sid is not None:
+            self._after_switch(result, d.reason, now, sid)
         return d
 
     def _after_switch(
-        self,
-        result: SwitchResult,
-        reason: Reason,
-        now: float,
-        switch_id: int,
-        predicted: Estimate | None,
+        self, result: SwitchResult, reason: Reason, now: float, switch_id: int
     ) -> None:
         assert self.state is not None
-        ok = result.outcome is SwitchOutcome.OK
-        self.state = policy.on_switch_done(
-            self.state, result.to_profile, ok, result.downtime_s, self.clock.now()
-        )
         self.prev = None  # counters restart with the server
         if reason.value.startswith("rollback"):
             self.metrics.rollbacks.labels(reason.value).inc()
-        if ok:
-            self.running = result.to_profile
-            if self.state.trial is not None:
-                # The policy judges the new profile against its prediction (policies.trial).
-                self.trial_switch_id = switch_id
-                self.store.record_trial(
-                    switch_id,
-                    "running",
-                    now,
-                    predicted_tok_s=predicted.mean if predicted else None,
-                )
-            elif reason is not Reason.ROLLBACK_TRIAL_FAILED:
-                self.last_good = result.to_profile
+        pending_trial = reason is Reason.SWITCH_PREDICTED_GAIN
+        if result.outcome is SwitchOutcome.REFUSED_BUSY:
+            # Nothing was touched; the next tick adopts what holds the port.
+            self.state.pending = None
+            self.running = None
+            if pending_trial:
+                self._trial_row(switch_id, "inconclusive", now, {"refused": result.error})
         elif result.outcome is SwitchOutcome.UNKNOWN:
+            # The policy's pending switch will never be reported: the shell lost it. What runs
+            # is found (and adopted, never acted on) by the next ticks' probes.
+            self.state.pending = None
+            self.state.trial = None
+            self.running = None
             self.overrides = replace(self.overrides, blocked_reason=self.funnel.blocked_reason)
             self._save_overrides()
+            if pending_trial:
+                self._trial_row(switch_id, "inconclusive", now, {"unknown": result.error})
             log.error("switch outcome unknown: automatic switching stopped: %s", result.error)
+        elif result.outcome is SwitchOutcome.OK:
+            self.state = policy.on_switch_done(
+                self.state, result.to_profile, True, result.downtime_s, self.clock.now()
+            )
+            self.running = result.to_profile
+            self.served_since_s = self.clock.now()
+            self.start_failures = 0
+            self.restart_plan = None
+            trial = self.state.trial
+            if trial is not None and trial.get("profile") == result.to_profile:
+                # The policy judges the new profile against its prediction (policies.trial).
+                self.trial_switch_id = switch_id
+                self._trial_row(switch_id, "running", now, None, trial)
+            else:
+                if pending_trial:
+                    self._trial_row(switch_id, "inconclusive", now, {"no_prediction": True})
+                if reason is not Reason.ROLLBACK_TRIAL_FAILED:
+                    self.last_good = result.to_profile
         else:
-            # Nothing serves now; the policy's next decision rolls back (ROLLBACK_START_FAILED).
+            # START_FAILED: nothing serves now; the policy quarantines the profile and its next
+            # decision rolls back (ROLLBACK_START_FAILED).
+            self.state = policy.on_switch_done(
+                self.state, result.to_profile, False, result.downtime_s, self.clock.now()
+            )
             self.running = None
+            if pending_trial:
+                self._trial_row(switch_id, "failed", now, {"start_failed": result.error})
             log.error("switch to %s failed to start: %s", result.to_profile, result.error)
+            self._count_failed_start(result)
         self.metrics.set_profile(self.running)
+
+    def _count_failed_start(self, result: SwitchResult) -> None:
+        """The failure limit: after start_failure_limit failed starts in a row, automatic
+        actuation stops until a person clears it (restarting again cannot fix a broken host)."""
+        self.start_failures += 1
+        limit = self.settings.server.start_failure_limit
+        if self.start_failures < limit or self.funnel.blocked_reason is not None:
+            return
+        first_line = (result.error or "no detail").splitlines()[0]
+        self.funnel.block(
+            f"{self.start_failures} failed starts in a row (last: {result.to_profile}: "
+            f"{first_line}); start_failure_limit={limit}"
+        )
+        self.restart_plan = None
+        self.overrides = replace(self.overrides, blocked_reason=self.funnel.blocked_reason)
+        self._save_overrides()
+        log.error("automatic actuation stopped: %s", self.funnel.blocked_reason)
+
+    def _trial_row(
+        self,
+        switch_id: int,
+        state: str,
+        now: float,
+        detail: dict[str, Any] | None,
+        trial: dict[str, Any] | None = None,
+    ) -> None:
+        predicted = (trial or {}).get("predicted") or {}
+        self.store.record_trial(
+            switch_id, state, now, predicted_tok_s=predicted.get("mean"), detail=detail
+        )
+
+    def _finish_trial(
+        self, outcome: str, now: float, trial: dict[str, Any], detail: dict[str, Any]
+    ) -> None:
+        """Record the end of the running trial (the policy's or one the loop ended)."""
+        sid = self.trial_switch_id
+        self.trial_switch_id = None
+        windows = list(trial.get("windows") or [])
+        log.info("trial of %s: %s %s", trial.get("profile"), outcome, detail)
+        if sid is None:
+            return
+        self.store.record_trial(
+            sid,
+            outcome,
+            now,
+            predicted_tok_s=(trial.get("predicted") or {}).get("mean"),
+            observed_tok_s=sum(windows) / len(windows) if windows else None,
+            detail={"windows": windows, **detail},
+        )
 
     def _record_trial_end(self, before: dict[str, Any] | None, d: Decision, now: float) -> None:
         """Mirror the policy's trial into the store when it ends."""
-        sid = self.trial_switch_id
-        if before is None or sid is None or self.state is None or self.state.trial is not None:
+        if before is None or self.state is None or self.state.trial is not None:
             return
         if d.reason is Reason.ROLLBACK_TRIAL_FAILED:
             outcome = "failed"
@@ -401,19 +635,9 @@ class Controller:
             outcome = str(d.diagnostics.get("trial_outcome") or "inconclusive")
             if outcome not in ("successful", "failed", "inconclusive"):
                 outcome = "inconclusive"
-        windows = list(before.get("windows") or [])
-        self.store.record_trial(
-            sid,
-            outcome,
-            now,
-            predicted_tok_s=(before.get("predicted") or {}).get("mean"),
-            observed_tok_s=sum(windows) / len(windows) if windows else None,
-            detail={"windows": windows},
-        )
+        self._finish_trial(outcome, now, before, {})
         if outcome == "successful":
             self.last_good = str(before["profile"])
-        log.info("trial of %s: %s", before.get("profile"), outcome)
-        self.trial_switch_id = None
 
     def _record_findings(self, now: float) -> None:
         assert self.state is not None
@@ -426,63 +650,132 @@ class Controller:
             self.metrics.findings.labels(f.kind).inc()
             log.warning("finding: %s", msg)
 
-    async def _check_crash(self, now: float) -> Decision | None:
-        """The server died outside a switch: restart the same profile, with backoff."""
-        if self.running is None:
-            return None  # a failed start: the policy's rollback decides what starts next
-        if self.funnel.busy or await self.actuator.alive():
+    # ----------------------------------------------------------------------------- crashes
+    def _backoff_s(self, n: int) -> float:
+        srv = self.settings.server
+        return float(
+            min(srv.crash_backoff_max_s, srv.crash_backoff_s * 2 ** min(max(n - 1, 0), 30))
+        )
+
+    async def _check_server(self, now: float) -> Decision | None:
+        """Outside a switch: notice a server that died and bring one back (see the module
+        docstring). Returns the tick's decision when this handled the tick, else None."""
+        assert self.state is not None
+        if self.funnel.busy:
             return None
+        if self.running is not None:
+            if await self.actuator.alive():
+                max_s = self.settings.server.crash_backoff_max_s
+                if self.served_since_s is not None and now - self.served_since_s >= max_s:
+                    self.crash_restarts = 0  # served long enough: the next crash is a new story
+                return None
+            self._on_crash(now)
+        elif (
+            self.restart_plan is None
+            and self.last_good is not None
+            and self.mode is Mode.ACTIVE
+            and self.funnel.blocked_reason is None
+            and self.state.rollback_to is None
+            and (self._manual is None or self._manual.done())
+        ):
+            # Nothing serves and the policy has no rollback left (it failed too): the last good
+            # profile again, after a backoff.
+            self.crash_restarts += 1
+            self.restart_plan = (
+                self.last_good,
+                Reason.ROLLBACK_START_FAILED,
+                {"nothing_serves": True, "attempt": self.crash_restarts},
+            )
+            self.next_crash_restart_s = now + self._backoff_s(self.crash_restarts)
+        if self.restart_plan is None:
+            return None
+        return await self._restart_when_due(now)
+
+    def _on_crash(self, now: float) -> None:
+        assert self.state is not None
+        crashed = self.running
+        assert crashed is not None
+        self.running = None
+        self.prev = None
+        self.served_since_s = None
+        self.metrics.set_profile(None)
+        self.metrics.target_up.set(0)
+        trial = self.state.trial
+        if self.mode is Mode.ADVISORY:
+            log.error("server (%s) is down; advisory mode: not restarting it", crashed)
+            return
+        if trial is not None and trial.get("profile") == crashed:
+            # Crashed on trial: back to the profile before it at once; the crashed one is
+            # quarantined by the policy's failed-profile backoff.
+            self.state.trial = None
+            self.state.failed[crashed] = now
+            self._finish_trial("failed", now, trial, {"crashed": True})
+            back = str(trial["from"])
+            self.restart_plan = (back, Reason.ROLLBACK_CRASH, {"crashed_profile": crashed})
+            self.next_crash_restart_s = now
+            log.error("server crashed on trial of %s: rolling back to %s", crashed, back)
+            return
+        self.crash_restarts += 1
+        backoff = self._backoff_s(self.crash_restarts)
+        self.restart_plan = (
+            crashed,
+            Reason.RESTART_CRASHED,
+            {"crash_restarts": self.crash_restarts},
+        )
+        self.next_crash_restart_s = now + backoff
+        log.error(
+            "server running %s died outside a switch (crash %d in a row): restart in %.0f s",
+            crashed,
+            self.crash_restarts,
+            backoff,
+        )
+
+    async def _restart_when_due(self, now: float) -> Decision:
+        assert self.state is not None and self.restart_plan is not None
+        target, reason, diag = self.restart_plan
         if now < self.next_crash_restart_s:
             d = Decision(
                 now,
                 Action.HOLD,
-                self.running or "",
+                target,
                 Reason.HOLD_INSUFFICIENT_DATA,
-                {"server_down": True, "restart_in_s": self.next_crash_restart_s - now},
+                {**diag, "server_down": True, "restart_in_s": self.next_crash_restart_s - now},
             )
-            self._remember(d)
+            self._record_decision(d, acted=False)
             return d
-        target = self.running
-        reason = Reason.RESTART_CRASHED
-        self.crash_restarts += 1
-        d = Decision(now, Action.SWITCH, target, reason, {"crash_restarts": self.crash_restarts})
-        self._record_decision(d, acted=True)
-        result = await self.funnel.start(target)
-        if result.outcome in (SwitchOutcome.SKIPPED_ADVISORY, SwitchOutcome.REFUSED_BUSY):
-            self._remember(d)
-            return d
-        self._record_switch(result, reason, now)
+        d = Decision(now, Action.SWITCH, target, reason, dict(diag))
+        result, sid = await self._actuate(d, start=True)
+        if sid is None:
+            return d  # advisory, or blocked: nothing was touched
+        if reason.value.startswith("rollback"):
+            self.metrics.rollbacks.labels(reason.value).inc()
         self.prev = None
         if result.outcome is SwitchOutcome.OK:
+            self.restart_plan = None
             self.state = policy.on_switch_done(
                 self.state, target, True, result.downtime_s, self.clock.now()
             )
             self.running = target
+            self.served_since_s = self.clock.now()
+            self.start_failures = 0
             self.next_crash_restart_s = 0.0
+        elif result.outcome is SwitchOutcome.START_FAILED:
+            self.crash_restarts += 1
+            self._count_failed_start(result)
+            if self.restart_plan is not None:  # not blocked by the failure limit
+                backoff = self._backoff_s(self.crash_restarts)
+                self.next_crash_restart_s = self.clock.now() + backoff
+                log.error(
+                    "restart of %s failed (%s); next try in %.0f s",
+                    target,
+                    (result.error or "").splitlines()[0] if result.error else "no detail",
+                    backoff,
+                )
         else:
-            backoff = min(
-                self.settings.server.crash_backoff_max_s,
-                self.settings.server.crash_backoff_s * 2 ** min(self.crash_restarts, 10),
-            )
-            self.next_crash_restart_s = self.clock.now() + backoff
-            log.error("restart of %s failed (%s); next try in %.0fs", target, result.error, backoff)
+            # UNKNOWN (the funnel blocked) or refused (a server holds the port: adopted next).
+            self.restart_plan = None
         self.metrics.set_profile(self.running)
-        self._remember(d)
         return d
-
-    def _record_switch(self, result: SwitchResult, reason: Reason, now: float) -> int:
-        self.metrics.switches.labels(reason.value, result.outcome.value).inc()
-        if result.outcome is SwitchOutcome.OK:
-            self.metrics.downtime.observe(result.downtime_s)
-        sid = self.store.start_switch(result.from_profile, result.to_profile, reason.value, now)
-        self.store.finish_switch(
-            sid,
-            ended_s=self.clock.now(),
-            outcome=result.outcome.value,
-            downtime_s=result.downtime_s,
-            error=result.error,
-        )
-        return sid
 
     # ----------------------------------------------------------------------------- operator ops
     def _check_profile(self, profile: str) -> None:
@@ -534,6 +827,10 @@ class Controller:
     def clear_block(self, reason: str, actor: str) -> None:
         now = self.clock.now()
         self.funnel.clear_block()
+        # A person looked: starts get a fresh failure count and the next one comes at once.
+        self.start_failures = 0
+        self.crash_restarts = 0
+        self.next_crash_restart_s = 0.0
         self.overrides = replace(self.overrides, blocked_reason=None)
         self.store.record_override(
             "clear_block", now, actor, profile=None, ttl_s=None, until_s=None, reason=reason
@@ -553,17 +850,7 @@ class Controller:
             "trial_abort", now, actor, profile=str(trial["profile"]), reason=reason
         )
         self.state.trial = None
-        if self.trial_switch_id is not None:
-            windows = list(trial.get("windows") or [])
-            self.store.record_trial(
-                self.trial_switch_id,
-                "failed",
-                now,
-                predicted_tok_s=(trial.get("predicted") or {}).get("mean"),
-                observed_tok_s=sum(windows) / len(windows) if windows else None,
-                detail={"aborted_by": actor, "reason": reason},
-            )
-            self.trial_switch_id = None
+        self._finish_trial("failed", now, trial, {"aborted_by": actor, "reason": reason})
         d = Decision(
             now,
             Action.SWITCH,
@@ -589,13 +876,9 @@ class Controller:
         self._manual = asyncio.create_task(self._manual_switch(d))
 
     async def _manual_switch(self, d: Decision) -> SwitchResult:
-        pred = next((p.tok_s for p in self.predictions if p.profile == d.profile), None)
-        result = await self.funnel.switch(d.profile, manual=True)
-        acted = result.outcome not in (SwitchOutcome.SKIPPED_ADVISORY, SwitchOutcome.REFUSED_BUSY)
-        self._record_decision(d, acted=acted)
-        if acted:
-            sid = self._record_switch(result, d.reason, d.t_s)
-            self._after_switch(result, d.reason, d.t_s, sid, pred)
+        result, sid = await self._actuate(d, start=False, manual=True)
+        if sid is not None:
+            self._after_switch(result, d.reason, d.t_s, sid)
         return result
 
     # ----------------------------------------------------------------------------- views
@@ -635,7 +918,40 @@ class Controller:
             ),
             "estimates": [prediction_view(p) for p in self.predictions],
             "last_decision": decision_view(d) if d else None,
+            "target": self.target_view(),
         }
+
+    def target_view(self) -> dict[str, Any]:
+        """The server's health as the loop sees it, and why it is not acting (if it is not)."""
+        limit = self.settings.controller.scrape_error_limit
+        down_reason = None
+        if self.funnel.blocked_reason is not None:
+            down_reason = f"automatic actuation blocked until cleared: {self.funnel.blocked_reason}"
+        elif self.running is None and self.restart_plan is not None:
+            target, reason, _ = self.restart_plan
+            wait = max(0.0, self.next_crash_restart_s - self.clock.now())
+            down_reason = f"server down: {reason.value} of {target} in {wait:.0f} s"
+        elif self.running is None:
+            down_reason = "no server running"
+        elif self.scrape_errors >= limit:
+            down_reason = f"target down: {self.scrape_errors} consecutive failed scrapes"
+        return {
+            "up": self.running is not None and self.scrape_errors == 0 and self.ready,
+            "consecutive_scrape_errors": self.scrape_errors,
+            "scrape_error_limit": limit,
+            "consecutive_failed_starts": self.start_failures,
+            "start_failure_limit": self.settings.server.start_failure_limit,
+            "crash_restarts": self.crash_restarts,
+            "down_reason": down_reason,
+        }
+
+    def status_line(self) -> str:
+        """One line for systemd's STATUS= (and `systemctl status`)."""
+        d = self.last_decision
+        last = f"{d.action.value} {d.profile} ({d.reason.value})" if d else "none"
+        line = f"profile={self.running or '-'} mode={self.mode.value} last={last}"
+        why = self.target_view()["down_reason"]
+        return f"{line}; {why}" if why else line
 
     def _trial_view(self) -> dict[str, Any] | None:
         tr = self.state.trial if self.state is not None else None
@@ -657,8 +973,8 @@ class Controller:
         """Tick every poll_interval_s until `stop` is set (the tick in progress finishes)."""
         if on_tick is not None:
             self._on_tick.append(on_tick)
-        interval = self.settings.controller.poll_interval_s
         while not stop.is_set():
+            interval = self.settings.controller.poll_interval_s  # a reload may change it
             started = self.clock.monotonic()
             try:
                 await self.tick()

@@ -53,6 +53,15 @@ class ControllerSettings(_Frozen):
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     scrape_timeout_s: float = Field(5.0, gt=0, description="HTTP timeout of one scrape.")
+    scrape_error_limit: int = Field(
+        6,
+        ge=1,
+        description="Consecutive failed scrapes after which the target counts as down (the "
+        "trial's consecutive-error limit): a trial in progress then ends inconclusive and rolls "
+        "back, since a profile that cannot be observed cannot be judged; outside a trial the "
+        "controller holds (a server whose process lives may still serve, and a restart for a "
+        "monitoring fault would cost minutes of output). 6 polls of 10 s: one minute.",
+    )
     time_scale: float = Field(
         1.0,
         gt=0,
@@ -110,6 +119,14 @@ class ServerSettings(_Frozen):
     )
     crash_backoff_max_s: float = Field(
         1800.0, gt=0, description="Longest wait between restarts of a server that keeps crashing."
+    )
+    start_failure_limit: int = Field(
+        3,
+        ge=1,
+        description="Consecutive failed starts (crash restarts and rollbacks that did not come "
+        "up) after which automatic actuation stops until a person clears the block through the "
+        "API: restarting again cannot fix a broken host. 3: the failed profile, the rollback, "
+        "one retry after a backoff.",
     )
     pid_file: str = Field("", description="Where the process actuator records the server's pid.")
     log_file: str = Field("", description="Server stdout/stderr; empty: inherit.")

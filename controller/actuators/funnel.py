@@ -6,7 +6,10 @@ REFUSED_BUSY, never queued: the loop re-decides on its next tick), and the block
 outcome sets (automatic switches are REFUSED_BUSY, with the block in `error`, until
 `clear_block()`; a manual switch, a person acting, still passes). An exception or a
 cancellation inside the actuator is an UNKNOWN outcome too: the server's state is then not
-known. Must not decide what to switch to.
+known. `on_start`, when given, is called once every gate has passed and right before the
+actuator is called (the loop records the switch as started there, so that a controller killed
+mid-switch leaves an open record); it is never called for a switch that does not happen.
+Must not decide what to switch to.
 """
 
 from __future__ import annotations
@@ -33,18 +36,34 @@ class Funnel:
     def busy(self) -> bool:
         return self._lock.locked()
 
+    def block(self, reason: str) -> None:
+        """Stop automatic actuation until `clear_block()` (the loop's failure limit uses it)."""
+        self.blocked_reason = reason
+
     def clear_block(self) -> None:
         if self.blocked_reason is not None:
             log.warning("actuation block cleared (was: %s)", self.blocked_reason)
         self.blocked_reason = None
 
-    async def switch(self, profile: str, *, manual: bool = False) -> SwitchResult:
+    async def switch(
+        self,
+        profile: str,
+        *,
+        manual: bool = False,
+        on_start: Callable[[], None] | None = None,
+    ) -> SwitchResult:
         """Drain, restart into `profile`, verify. A down server is simply started."""
-        return await self._run("switch", profile, manual, self.actuator.switch)
+        return await self._run("switch", profile, manual, self.actuator.switch, on_start)
 
-    async def start(self, profile: str, *, manual: bool = False) -> SwitchResult:
+    async def start(
+        self,
+        profile: str,
+        *,
+        manual: bool = False,
+        on_start: Callable[[], None] | None = None,
+    ) -> SwitchResult:
         """Start `profile` when nothing runs (adopts a server already on the port)."""
-        return await self._run("start", profile, manual, self.actuator.start)
+        return await self._run("start", profile, manual, self.actuator.start, on_start)
 
     async def _run(
         self,
@@ -52,6 +71,7 @@ class Funnel:
         profile: str,
         manual: bool,
         act: Callable[[str], Awaitable[SwitchResult]],
+        on_start: Callable[[], None] | None = None,
     ) -> SwitchResult:
         if self._mode() is Mode.ADVISORY:
             return SwitchResult(
@@ -78,6 +98,8 @@ class Funnel:
                 error="another switch is in flight",
             )
         async with self._lock:
+            if on_start is not None:
+                on_start()  # may raise (e.g. the record cannot be written): nothing touched yet
             try:
                 result = await act(profile)
             except asyncio.CancelledError:
