@@ -414,11 +414,22 @@ class Controller:
         self.store.record_estimates(now, self.predictions)
         self.store.save_state(STATE_KEY_POLICY, self.state.to_dict())
         self._save_loop_state()
+        self.maybe_apply_retention(now)
         self._remember(decision)
         self.metrics.tick_seconds.observe(time.perf_counter() - t_real)
         for cb in self._on_tick:
             cb(self)
         return decision
+
+    def maybe_apply_retention(self, now: float) -> dict[str, int] | None:
+        """Downsample and trim the store once per RETENTION_EVERY_S of server time (the first
+        tick after a start runs it too); returns the store's counts when it ran."""
+        if now - self._retention_at_s < RETENTION_EVERY_S:
+            return None
+        self._retention_at_s = now
+        out = self.store.apply_retention(now)
+        log.debug("retention: %s", out)
+        return out
 
     def _remember(self, d: Decision) -> None:
         obs = self.last_obs
