@@ -1,0 +1,254 @@
+"""Shared helpers of the operator-surface tests (API, metrics, CLI, status page, Prometheus).
+
+A Controller without a real server: `FakeServer` answers /metrics and /v1/loads through an
+httpx.MockTransport with SGLang 0.5.23-shaped, internally consistent counters (tokens = batch x
+accept length x steps; step time per profile), integrated over a ManualClock; `FakeActuator`
+follows the Actuator protocol, restarts the FakeServer in a set number of server seconds and can
+be held mid-switch (to test 409s). Nothing here spawns a process or opens a port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from controller.actuators.base import ServerState, SwitchOutcome, SwitchResult
+from controller.clock import ManualClock
+from controller.loop import Controller
+from controller.metrics import ControllerMetrics
+from controller.settings import Settings, settings_from_dict
+from store import Store
+
+TOKEN = "s3cret-token"
+DRAFT = ["--speculative-draft-model-path", "lightseekorg/kimi-k2.5-eagle3"]
+
+
+def _eagle(steps: int) -> list[str]:
+    return [
+        "--speculative-algorithm", "EAGLE3", *DRAFT, "--speculative-num-steps", str(steps),
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(steps + 1),
+    ]  # fmt: skip
+
+
+def make_settings(tmp_path: Path, *, token: str = TOKEN, mode: str = "active") -> Settings:
+    return settings_from_dict(
+        {
+            "controller": {
+                "mode": mode,
+                "poll_interval_s": 10.0,
+                "database": str(tmp_path / "specpilot.db"),
+            },
+            "api": {"host": "127.0.0.1", "port": 0, "token": token},
+            "server": {"actuator": "process", "port": 30999, "initial_profile": "baseline"},
+            "profiles": {
+                "baseline": {"flags": [], "description": "no speculation"},
+                "eagle3-2step": {"flags": _eagle(2), "env": {"NCCL_PROTO": "LL"}},
+                "eagle3-5step": {"flags": _eagle(5)},
+            },
+        },
+        source="test",
+    )
+
+
+@dataclass
+class ProfileModel:
+    """How a profile performs on the fake server: decode step time and accept length."""
+
+    step_s: float
+    accept_length: float  # tokens per sequence per decode step (1 for baseline)
+
+
+DEFAULT_MODELS = {
+    "baseline": ProfileModel(step_s=0.030, accept_length=1.0),
+    "eagle3-2step": ProfileModel(step_s=0.040, accept_length=2.2),
+    "eagle3-5step": ProfileModel(step_s=0.070, accept_length=2.9),
+}
+
+
+@dataclass
+class FakeServer:
+    """SGLang-shaped metrics for whichever profile runs; counters restart with the server."""
+
+    clock: ManualClock
+    models: dict[str, ProfileModel] = field(default_factory=lambda: dict(DEFAULT_MODELS))
+    batch: float = 8.0
+    profile: str | None = None
+    fail_scrapes: bool = False
+    _t: float = 0.0
+    _c: dict[str, float] = field(default_factory=dict)
+
+    def start(self, profile: str) -> None:
+        self.profile = profile
+        self._t = self.clock.now()
+        self._c = dict.fromkeys(
+            ("steps", "sum_bs", "step_s", "sum_bs2", "sum_bs_step_s", "tokens", "verify", "reqs"),
+            0.0,
+        )
+
+    def _advance(self) -> None:
+        assert self.profile is not None
+        m = self.models[self.profile]
+        dt = self.clock.now() - self._t
+        self._t = self.clock.now()
+        steps = dt / m.step_s
+        c = self._c
+        c["steps"] += steps
+        c["sum_bs"] += steps * self.batch
+        c["step_s"] += dt
+        c["sum_bs2"] += steps * self.batch**2
+        c["sum_bs_step_s"] += self.batch * dt
+        c["tokens"] += steps * self.batch * m.accept_length
+        c["verify"] += steps * self.batch
+        c["reqs"] += steps * self.batch / 200.0  # 200-step requests
+
+    def exposition(self) -> str:
+        self._advance()
+        assert self.profile is not None
+        m = self.models[self.profile]
+        c = self._c
+        sched = 'model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+        tok = 'model_name="m",engine_type="unified",priority="",workload="chat"'
+        lines = [
+            "# TYPE sglang:num_running_reqs gauge",
+            f"sglang:num_running_reqs{{{sched}}} {self.batch}",
+            "# TYPE sglang:num_queue_reqs gauge",
+            f"sglang:num_queue_reqs{{{sched}}} 0",
+            "# TYPE sglang:gen_throughput gauge",
+            f"sglang:gen_throughput{{{sched}}} {self.batch * m.accept_length / m.step_s}",
+            "# TYPE sglang:realtime_tokens counter",
+            f'sglang:realtime_tokens_total{{{sched},mode="decode"}} {c["tokens"]}',
+            "# TYPE sglang:cuda_graph_passes counter",
+            f'sglang:cuda_graph_passes_total{{{sched},mode="decode_cuda_graph"}} {c["steps"]}',
+            "# TYPE sglang:generation_tokens counter",
+            f'sglang:generation_tokens_total{{{tok},is_streaming="false"}} {c["tokens"]}',
+            "# TYPE sglang:num_requests counter",
+            f'sglang:num_requests_total{{{tok},is_streaming="false"}} {c["reqs"]}',
+        ]
+        if self.profile != "baseline":
+            lines += [
+                "# TYPE sglang:spec_accept_length gauge",
+                f"sglang:spec_accept_length{{{sched}}} {m.accept_length}",
+                "# TYPE sglang:spec_verify_calls counter",
+                f"sglang:spec_verify_calls_total{{{tok}}} {c['verify']}",
+            ]
+        return "\n".join(lines) + "\n"
+
+    def loads(self) -> dict[str, Any]:
+        self._advance()
+        c = self._c
+        us = 1e6
+        return {
+            "timestamp": self.clock.now(),
+            "version": "0.5.23",
+            "loads": [
+                {
+                    "dp_rank": 0,
+                    "num_running_reqs": self.batch,
+                    "num_waiting_reqs": 0,
+                    "gen_throughput": 0.0,
+                    "max_running_requests": 48,
+                    "decode_moments": [
+                        c["steps"],
+                        c["sum_bs"],
+                        c["step_s"] * us,
+                        c["sum_bs2"],
+                        c["sum_bs_step_s"] * us,
+                        c["tokens"],
+                    ],
+                }
+            ],
+        }
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if self.profile is None or self.fail_scrapes:
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=self.exposition())
+        if request.url.path == "/v1/loads":
+            return httpx.Response(200, content=json.dumps(self.loads()).encode())
+        return httpx.Response(404)
+
+
+class FakeActuator:
+    """The Actuator protocol over a FakeServer. `hold` (an Event, cleared) keeps a switch in
+    flight until set."""
+
+    def __init__(self, server: FakeServer, clock: ManualClock, switch_s: float = 60.0) -> None:
+        self.server = server
+        self.clock = clock
+        self.switch_s = switch_s
+        self.hold: asyncio.Event | None = None
+        self.calls: list[tuple[str, str]] = []
+
+    async def probe(self) -> ServerState:
+        up = self.server.profile is not None
+        return ServerState(up, self.server.profile, 4242 if up else None, None)
+
+    async def start(self, profile: str) -> SwitchResult:
+        self.calls.append(("start", profile))
+        self.server.start(profile)
+        return SwitchResult(SwitchOutcome.OK, None, profile, 0.0)
+
+    async def switch(self, profile: str) -> SwitchResult:
+        self.calls.append(("switch", profile))
+        if self.hold is not None:
+            await self.hold.wait()
+        old = self.server.profile
+        self.clock.advance(self.switch_s)
+        self.server.start(profile)
+        return SwitchResult(SwitchOutcome.OK, old, profile, self.switch_s)
+
+    async def alive(self) -> bool:
+        return self.server.profile is not None
+
+    async def shutdown(self) -> None:
+        self.server.profile = None
+
+
+@dataclass
+class Rig:
+    """A Controller on a FakeServer, its store in tmp_path, and the pieces tests poke."""
+
+    controller: Controller
+    server: FakeServer
+    actuator: FakeActuator
+    clock: ManualClock
+    store: Store
+    client: httpx.AsyncClient
+
+    async def ticks(self, n: int, step_s: float | None = None) -> None:
+        step = step_s or self.controller.settings.controller.poll_interval_s
+        for _ in range(n):
+            self.clock.advance(step)
+            await self.controller.tick()
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        self.store.close()
+
+
+async def make_rig(
+    tmp_path: Path, *, settings: Settings | None = None, clock: ManualClock | None = None
+) -> Rig:
+    """Build and start a Controller (startup() done: the initial profile runs)."""
+    settings = settings or make_settings(tmp_path)
+    clock = clock or ManualClock()
+    server = FakeServer(clock)
+    actuator = FakeActuator(server, clock)
+    client = httpx.AsyncClient(transport=httpx.MockTransport(server.handler))
+    store = Store(Path(settings.controller.database))
+    controller = Controller(
+        settings,
+        clock=clock,
+        store=store,
+        actuator=actuator,
+        client=client,
+        metrics=ControllerMetrics(settings.profiles),
+    )
+    await controller.startup()
+    return Rig(controller, server, actuator, clock, store, client)
