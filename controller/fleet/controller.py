@@ -1,0 +1,311 @@
+"""The fleet's control loop: one deployment, N replicas, one policy state, canaries and rollouts.
+
+Owns, per deployment: the running profile, the one PolicyState every replica's windows feed
+(through the mean replica: the replicas are the same hardware and model), the canary in progress,
+and the moves: when the policy asks for a switch, the candidate first runs on the canary replica
+(controller.fleet.canary judges it on the router's own traffic), then is promoted by a rolling
+switch or rolled back; with canaries off (or one replica) the switch rolls through directly.
+A replica that died outside a switch is started again. Advisory mode decides and never acts.
+Decides nothing itself (policies.decide and policies.canary do) and does no HTTP of its own
+(controller.fleet.observe and controller.fleet.actuator do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from controller.actuators.base import SwitchOutcome, SwitchResult
+from controller.clock import Clock
+from controller.fleet.actuator import FleetActuator
+from controller.fleet.canary import CanaryTrial
+from controller.fleet.observe import FleetObserver, FleetTotals, ReplicaObservation, mean_replica
+from controller.fleet.settings import FleetSettings
+from controller.settings import Settings, policy_settings
+from policies import decide as policy
+from policies.canary import CanaryVerdict, Verdict
+from policies.types import Action, Decision, Mode, Overrides, Reason
+
+log = logging.getLogger("specpilot.fleet")
+
+
+@dataclass(frozen=True)
+class FleetTick:
+    t_s: float
+    running: str | None
+    replicas: dict[str, str | None]  # name -> profile
+    totals: FleetTotals
+    action: str  # hold | canary | promote | rollback | rolling | restart
+    detail: str
+
+
+@dataclass(frozen=True)
+class CanaryRecord:
+    candidate: str
+    current: str
+    verdict: CanaryVerdict | None
+    outcome: str  # promoted | rolled_back | start_failed
+    t_s: float
+
+
+@dataclass
+class FleetRecord:
+    ticks: deque[FleetTick] = field(default_factory=lambda: deque(maxlen=720))
+    canaries: list[CanaryRecord] = field(default_factory=list)
+    switches: list[SwitchResult] = field(default_factory=list)
+    decisions: deque[Decision] = field(default_factory=lambda: deque(maxlen=720))
+
+
+class FleetController:
+    def __init__(
+        self,
+        settings: Settings,
+        fleet: FleetSettings,
+        *,
+        clock: Clock,
+        client: httpx.AsyncClient,
+        actuator: FleetActuator | None = None,
+    ) -> None:
+        self.settings = settings
+        self.fleet = fleet
+        self.clock = clock
+        self.client = client
+        self.actuator = actuator or FleetActuator(settings, fleet, clock, client)
+        self.observer = FleetObserver(client, {r.name: r.url for r in self.actuator.replicas})
+        self.specs = settings.profile_specs()
+        self.psettings = policy_settings(settings)
+        self.mode: Mode = settings.controller.mode
+        self.overrides = Overrides(mode=self.mode)
+        self.running: str | None = None
+        self.state: policy.PolicyState | None = None
+        self.canary: CanaryTrial | None = None
+        self.rejected: dict[str, float] = {}  # candidate -> when its canary was rolled back
+        self.record = FleetRecord()
+        self.last: dict[str, ReplicaObservation] = {}
+        self.busy = False  # a switch is in flight (ticks observe only)
+        self._on_tick: list[Callable[[FleetController], None]] = []
+        self._forced: str | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def startup(self) -> None:
+        """The router up, every replica up and registered, all on one profile."""
+        if not await self.actuator.wait_router():
+            raise RuntimeError(f"router {self.actuator.router.base_url} does not answer")
+        probe = await self.actuator.probe()
+        first = probe.profile or self.settings.server.initial_profile
+        result = await self.actuator.start(first)
+        if result.outcome is SwitchOutcome.REFUSED_BUSY:
+            # Replicas up on other profiles (a canary left by an earlier controller): roll them.
+            log.warning("replicas disagree (%s): rolling them to %s", probe.detail, first)
+            result = await self.actuator.rolling_switch(first)
+        if not result.ok:
+            raise RuntimeError(f"fleet could not start {first}: {result.error}")
+        self.running = first
+        self.state = policy.initial_state(self.specs, first, self.clock.now(), self.psettings)
+        log.info(
+            "fleet up: %d replicas on %s behind %s",
+            len(self.actuator.replicas),
+            first,
+            self.actuator.router.base_url,
+        )
+
+    async def shutdown(self) -> None:
+        await self.actuator.shutdown()
+
+    # ------------------------------------------------------------------ operator ops
+
+    def request_canary(self, profile: str) -> None:
+        """Try `profile` as a canary at the next tick (an operator's or the demo's request)."""
+        if profile not in self.settings.profiles:
+            raise KeyError(profile)
+        self._forced = profile
+
+    # ------------------------------------------------------------------ the tick
+
+    def _profiles(self) -> dict[str, str | None]:
+        return {r.name: (None if r.out else r.profile) for r in self.actuator.replicas}
+
+    async def tick(self) -> FleetTick:
+        assert self.state is not None and self.running is not None, "startup() first"
+        now = self.clock.now()
+        windows = await self.observer.observe(self._profiles(), now)
+        self.last = windows
+        totals = FleetTotals.of(windows)
+        action, detail = "hold", ""
+        if not await self.actuator.alive():
+            action, detail = await self._restart_dead()
+        elif self.canary is not None:
+            action, detail = await self._canary_step(windows, now)
+        else:
+            action, detail = await self._decide(windows, now)
+        t = FleetTick(now, self.running, self._profiles(), totals, action, detail)
+        self.record.ticks.append(t)
+        for cb in self._on_tick:
+            cb(self)
+        return t
+
+    async def _restart_dead(self) -> tuple[str, str]:
+        assert self.running is not None
+        if self.mode is Mode.ADVISORY:
+            return "hold", "a replica is down (advisory: not restarted)"
+        result = await self.actuator.start(self.running)
+        for r in self.actuator.replicas:
+            self.observer.forget(r.name)  # counters of a restarted replica start from 0
+        return "restart", f"restarted dead replicas: {result.outcome.value} {result.error or ''}"
+
+    async def _decide(self, windows: dict[str, ReplicaObservation], now: float) -> tuple[str, str]:
+        assert self.state is not None and self.running is not None
+        same = [w.obs for w in windows.values() if w.obs is not None and w.profile == self.running]
+        obs = mean_replica(same)
+        failed = all(w.error is not None for w in windows.values())
+        forced, self._forced = self._forced, None
+        if obs is None and not failed and forced is None:
+            return "hold", "waiting for a window on every replica"
+        self.state, d = policy.decide(
+            self.state, obs if not failed else None, now, self.psettings, self.overrides
+        )
+        self.record.decisions.append(d)
+        target = forced or (d.profile if d.action is Action.SWITCH else None)
+        if target is None or target == self.running:
+            return "hold", d.reason.value
+        since = self.rejected.get(target)
+        if forced is None and since is not None and now - since < self.fleet.canary.retry_after_s:
+            return "hold", f"{target}'s canary was rolled back {now - since:.0f} s ago"
+        if self.mode is Mode.ADVISORY:
+            return "hold", f"advisory: would try {target} ({d.reason.value})"
+        if self.fleet.canary.enabled and len(self.actuator.replicas) >= 2:
+            return await self._start_canary(target, now, d.reason if forced is None else None)
+        return await self._rollout(target, d.reason if forced is None else Reason.SWITCH_MANUAL)
+
+    async def _start_canary(
+        self, target: str, now: float, reason: Reason | None
+    ) -> tuple[str, str]:
+        assert self.running is not None
+        self.busy = True
+        try:
+            res = await self.actuator.canary_start(target)
+        finally:
+            self.busy = False
+        canary = self.actuator.canary
+        self.observer.forget(canary.name)
+        if not res.ok:
+            self._canary_failed(target, None, "start_failed", now)
+            if canary.profile != self.running and canary.profile is not None:
+                await self.actuator.canary_end(self.running)
+            return "rollback", f"canary {target} did not start: {res.error}"
+        self.canary = CanaryTrial(target, self.running, canary.name, now, self.fleet.canary)
+        why = reason.value if reason else "requested"
+        log.info("canary: %s on %s (%s), the rest on %s", target, canary.name, why, self.running)
+        return "canary", f"{target} on {canary.name} ({why})"
+
+    def _canary_failed(
+        self, target: str, v: CanaryVerdict | None, outcome: str, now: float
+    ) -> None:
+        assert self.state is not None and self.running is not None
+        self.rejected[target] = now
+        # The policy backs the candidate off as it does a failed start (never a switch of its own).
+        self.state = policy.on_switch_done(self.state, target, False, 0.0, self.clock.now())
+        self.record.canaries.append(CanaryRecord(target, self.running, v, outcome, now))
+
+    async def _canary_step(
+        self, windows: dict[str, ReplicaObservation], now: float
+    ) -> tuple[str, str]:
+        trial = self.canary
+        assert trial is not None and self.state is not None
+        v = trial.add(windows)
+        if v is None or v.verdict is Verdict.CONTINUE:
+            return "hold", f"canary {trial.candidate}: " + (v.summary() if v else "warming up")
+        log.info("canary %s: %s", trial.candidate, v.summary())
+        self.canary = None
+        if v.verdict is Verdict.ROLLBACK:
+            self.busy = True
+            try:
+                res = await self.actuator.canary_end(trial.current)
+            finally:
+                self.busy = False
+            self.observer.forget(trial.replica)
+            self._canary_failed(trial.candidate, v, "rolled_back", now)
+            self.record.switches.append(res)
+            return "rollback", f"canary {trial.candidate} rolled back: {v.summary()}"
+        self.record.canaries.append(
+            CanaryRecord(trial.candidate, trial.current, v, "promoted", now)
+        )
+        _, detail = await self._rollout(trial.candidate, Reason.SWITCH_PREDICTED_GAIN)
+        return "promote", f"canary {trial.candidate} promoted ({v.summary()}); {detail}"
+
+    async def _rollout(self, target: str, reason: Reason) -> tuple[str, str]:
+        assert self.state is not None
+        self.busy = True
+        try:
+            res = await self.actuator.rolling_switch(target)
+        finally:
+            self.busy = False
+        for r in self.actuator.replicas:
+            self.observer.forget(r.name)
+        self.record.switches.append(res)
+        self.state = policy.on_switch_done(
+            self.state, target, res.ok, res.downtime_s, self.clock.now()
+        )
+        if res.ok:
+            self.running = target
+            return "rolling", f"all replicas on {target} ({reason.value})"
+        log.error("rolling switch to %s: %s %s", target, res.outcome.value, res.error)
+        return "rolling", f"rolling switch to {target} {res.outcome.value}: {res.error}"
+
+    # ------------------------------------------------------------------ views / running
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "profile": self.running,
+            "mode": self.mode.value,
+            "switch_in_flight": self.busy,
+            "router": self.actuator.router.base_url,
+            "replicas": [
+                {
+                    "name": r.name,
+                    "url": r.url,
+                    "profile": r.profile,
+                    "out_of_router": r.out,
+                    "output_tok_s": (
+                        w.obs.output_tok_s if (w := self.last.get(r.name)) and w.obs else None
+                    ),
+                }
+                for r in self.actuator.replicas
+            ],
+            "canary": self.canary.view() if self.canary else None,
+            "canaries": [
+                {
+                    "candidate": c.candidate,
+                    "current": c.current,
+                    "outcome": c.outcome,
+                    "verdict": c.verdict.to_dict() if c.verdict else None,
+                }
+                for c in self.record.canaries
+            ],
+        }
+
+    async def run(
+        self, stop: asyncio.Event, on_tick: Callable[[FleetController], None] | None = None
+    ) -> None:
+        """Tick every poll_interval_s (server time) until `stop` is set."""
+        if on_tick is not None:
+            self._on_tick.append(on_tick)
+        interval = self.settings.controller.poll_interval_s
+        scale = float(getattr(self.clock, "time_scale", 1.0)) or 1.0
+        while not stop.is_set():
+            started = self.clock.monotonic()
+            try:
+                await self.tick()
+            except Exception:  # one bad tick must not end the fleet's loop; logged loudly
+                log.exception("fleet tick failed")
+            wait = max(0.0, interval - (self.clock.monotonic() - started)) / scale
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=wait or 0.001)
