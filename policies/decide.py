@@ -47,8 +47,8 @@ from policies.changepoint import (
     drift_finding,
 )
 from policies.estimators import (
-    LineStats,
     ThroughputModel,
+    comparable_step_s,
     cross_predictable,
     spec_from_dict,
     spec_to_dict,
@@ -385,38 +385,41 @@ def _on_event(
 
 
 def _boot_check(state: PolicyState, obs: Observation, s: PolicySettings) -> None:
-    """After a new boot has `cusum_warmup` windows, compare its cycle level with the previous
-    boot's line at the same batch size (drift across boots, e.g. verify 20 -> 30 ms)."""
+    """After a new boot has `cusum_warmup` windows at batch sizes the previous boot also served,
+    compare their step times with the previous boot's at the same batch size (drift across
+    boots, e.g. verify 20 -> 30 ms). Windows at batch sizes the previous boot never served are
+    not comparable and wait: a batch-size change is not drift."""
     ref = state.boot_ref
     if ref is None or ref["profile"] != obs.profile or obs.moments is None:
         return
     m = obs.moments
-    if m.n_steps <= 0:
+    if m.n_steps <= 0 or "snap" not in ref:
+        return
+    old_w = comparable_step_s(ref["snap"], m.sum_bs / m.n_steps)
+    if old_w is None:
         return
     ref["n"] += m.n_steps
     ref["sum_bs"] += m.sum_bs
     ref["sum_s"] += m.sum_step_s
+    ref["sum_old_s"] += old_w * m.n_steps
     ref["windows"] += 1
     if ref["windows"] < s.cusum_warmup:
         return
     state.boot_ref = None
-    old = LineStats.from_dict(ref["stats"])
-    if old.s0 <= 0:
-        return
-    b = ref["sum_bs"] / ref["n"]
     new_s = ref["sum_s"] / ref["n"]
-    slope = old.own_slope() or 0.0
-    old_s = old.level + slope * (b - old.bbar)
-    if old_s <= 0:
+    old_s = ref["sum_old_s"] / ref["n"]
+    if old_s <= 0 or new_s <= 0:
         return
     spec = state.specs[obs.profile]
     subject = f"cycle:{obs.profile}"
     _add_finding(state, drift_finding(subject, old_s, new_s, obs.t_s, s.drift_min_rel, "s"), s)
     if not spec.speculative:
+        # One stream's tok/s (FIELD.md's "baseline 89 -> 82 tok/s"): a baseline step gives each
+        # sequence one token, so it is 1 / step time at the batch size both boots served.
         _add_finding(
             state,
             drift_finding(
-                "baseline_tok_s", b / old_s, b / new_s, obs.t_s, s.drift_min_rel, "tok/s"
+                "baseline_tok_s", 1.0 / old_s, 1.0 / new_s, obs.t_s, s.drift_min_rel, "tok/s"
             ),
             s,
         )
@@ -463,13 +466,13 @@ def _adopt(
         old = state.restart_s.get(profile, s.restart_prior_s)
         lr = s.restart_learning_rate
         state.restart_s[profile] = (1.0 - lr) * old + lr * learned_restart_s
-    st = state.model.cycle.stats[profile]
     state.boot_ref = {
         "profile": profile,
-        "stats": st.to_dict(),
+        "snap": state.model.cycle.profile_snapshot(profile),
         "n": 0.0,
         "sum_bs": 0.0,
         "sum_s": 0.0,
+        "sum_old_s": 0.0,
         "windows": 0,
     }
     # A new boot: old estimates of this profile become a weak prior (drift across boots).

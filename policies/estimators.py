@@ -65,7 +65,17 @@ MIN_MIX_SHARE = 0.02
 # every window would cost more than all the other work of a tick.
 REFIT_FRACTION = 0.05
 
+# Batch-size buckets per octave: B and 1.41 B share a bucket, so a straight line inside one is
+# within ~1% of any smooth step-time curve, and an estimate at a batch size seen compares like
+# with like (a line over all batch sizes misses a concave MoE curve by 10%+ at its ends).
+BUCKETS_PER_OCTAVE = 2
+
 _TINY = 1e-12
+
+
+def batch_bucket(batch: float) -> int:
+    """Index of the half-octave batch-size bucket of `batch` (1 -> 0, 16 -> 8, 48 -> 11)."""
+    return round(BUCKETS_PER_OCTAVE * math.log2(max(batch, 1.0)))
 
 
 def _decay(window_s: float, half_life_s: float) -> float:
@@ -203,6 +213,8 @@ class CycleTimeSurface:
         self.min_windows = int(min_windows)
         self.min_steps = float(min_steps)
         self.stats: dict[str, LineStats] = {p.name: LineStats() for p in profiles}
+        # Per profile, per batch bucket: the same forgotten moments, local to that bucket.
+        self.buckets: dict[str, dict[int, LineStats]] = {p.name: {} for p in profiles}
         self._fit: SurfaceFit | None = None
         self._fit_dirty = True
         self._steps_since_fit = 0.0
@@ -232,28 +244,44 @@ class CycleTimeSurface:
         if mean_b < 1.0 - 1e-9 or mean_t <= 0 or m.sum_bs2 < m.sum_bs**2 / n * (1 - 1e-9):
             st.rejected += 1
             return None
-        pred = self._own_predict(profile, mean_b)
+        # Prequential: predictions made before this window is added. The ratio for change
+        # detection compares like with like, so it is only given when the window's own batch
+        # bucket already had data (a new batch size is not a change in step time).
+        own = self._own_predict(profile, mean_b)
         ratio = None
+        if own is not None and own[2] == "bucket" and own[0] > 0:
+            ratio = mean_t / own[0]
+        line_pred = self._line_predict(profile, mean_b)
+        k = batch_bucket(mean_b)
+        bucket = self.buckets[profile].get(k)
+        bucket_pred = own[0] if own is not None and own[2] == "bucket" else None
         lam = _decay(window_s, self.half_life_s)
-        st.scale(lam)
-        if pred is not None:
-            r = mean_t - pred[0]
-            st.res_ss += r * r
-            st.res_w += 1.0
-            ratio = mean_t / pred[0] if pred[0] > 0 else None
-        elif st.s0 > 0:
-            r = mean_t - st.level
-            st.res_ss += r * r
-            st.res_w += 1.0
-        st.s0 += n
-        st.s1 += m.sum_bs
-        st.sy += m.sum_step_s
-        st.s2 += m.sum_bs2
-        st.sxy += m.sum_bs_step_s
-        st.windows += 1.0
-        st.windows2 += 1.0
-        st.count += 1
-        st.last_t_s = t_s
+        # Old data fades with the profile's observed time in every bucket alike.
+        for bst in self.buckets[profile].values():
+            bst.scale(lam)
+        if bucket is None:
+            bucket = self.buckets[profile][k] = LineStats()
+        for line, pred in ((st, line_pred[0] if line_pred else None), (bucket, bucket_pred)):
+            if line is st:
+                line.scale(lam)
+            if pred is not None:
+                r = mean_t - pred
+            elif line.s0 > 0:
+                r = mean_t - line.level
+            else:
+                r = None
+            if r is not None:
+                line.res_ss += r * r
+                line.res_w += 1.0
+            line.s0 += n
+            line.s1 += m.sum_bs
+            line.sy += m.sum_step_s
+            line.s2 += m.sum_bs2
+            line.sxy += m.sum_bs_step_s
+            line.windows += 1.0
+            line.windows2 += 1.0
+            line.count += 1
+            line.last_t_s = t_s
         self._steps_since_fit += n
         total = sum(x.s0 for x in self.stats.values())
         if self._steps_since_fit > REFIT_FRACTION * total or self._members() != self._fit_members:
@@ -266,9 +294,10 @@ class CycleTimeSurface:
     def discount(self, profile: str, factor: float) -> None:
         """Keep only `factor` of a profile's evidence (a new boot, a detected drift): old data
         becomes a weak prior that fresh windows outweigh within a few polls."""
-        st = self.stats[profile]
-        st.scale(min(max(factor, 0.0), 1.0))
-        st.count = 0
+        f = min(max(factor, 0.0), 1.0)
+        for st in (self.stats[profile], *self.buckets[profile].values()):
+            st.scale(f)
+            st.count = 0
         self._fit_dirty = True
 
     # -- queries
@@ -349,8 +378,110 @@ class CycleTimeSurface:
             draft_resid_per_step_s=sum(draft) / len(draft) if draft else 0.0,
         )
 
-    def _own_predict(self, profile: str, batch: float) -> tuple[float, float] | None:
-        """(mean, variance) from the profile's own data; None below the minimum of data."""
+    def _bucket_has_data(self, st: LineStats) -> bool:
+        return st.count >= self.min_windows and st.s0 >= self.min_steps
+
+    def _points(self, profile: str) -> list[tuple[float, float, float, int]]:
+        """(mean batch, level, variance of the level, bucket) of every bucket of `profile` with
+        enough data, by batch size."""
+        out = []
+        for k, st in self.buckets[profile].items():
+            if not self._bucket_has_data(st):
+                continue
+            wv = st.window_var()
+            var = (wv if wv is not None else (0.05 * st.level) ** 2) / max(st.n_eff(), 1.0)
+            out.append((st.bbar, st.level, var, k))
+        out.sort()
+        return out
+
+    def _slope_elsewhere(self, profile: str) -> tuple[float, float] | None:
+        """(slope, variance) of step time in B when the buckets cannot give one: the profile's
+        own line over all its batch sizes, else the shared surface's, else None."""
+        b = self.stats[profile].own_slope()
+        if b is not None:
+            return b, (0.5 * b / Z90) ** 2
+        fit = self.surface()
+        spec = self.specs[profile]
+        if fit is not None and fit.slope_identified and not spec.adaptive:
+            bs = fit.slope(max(int(spec.draft_tokens), 1))
+            return bs, (SURFACE_REL_ERR_FLOOR * bs / Z90) ** 2
+        return None
+
+    def _own_predict(self, profile: str, batch: float) -> tuple[float, float, str] | None:
+        """(mean, variance, how) from the profile's own data; None below the minimum of data.
+
+        `how`: "bucket" (the batch bucket of `batch` has data: local level plus a local slope),
+        "interpolated" (between the nearest buckets with data; the interval spans interpolation
+        linear in B and in log B, the shapes of a linear and a saturating cost), "extrapolated"
+        (beyond the buckets, along the end secant), or "line" (no bucket has enough data yet:
+        the profile's line over all its windows)."""
+        pts = self._points(profile)
+        if not pts:
+            line = self._line_predict(profile, batch)
+            return None if line is None else (line[0], line[1], "line")
+        k = batch_bucket(batch)
+        idx = next((i for i, p in enumerate(pts) if p[3] == k), None)
+        if idx is not None:
+            b0, y0, v0, _ = pts[idx]
+            st = self.buckets[profile][k]
+            d = batch - b0
+            own = st.own_slope()
+            if own is not None:
+                return y0 + own * d, v0 * (1.0 + d * d / st.var_b), "bucket"
+            secants = []
+            for j in (idx - 1, idx + 1):
+                if 0 <= j < len(pts):
+                    b1, y1, v1, _ = pts[j]
+                    secants.append(((y1 - y0) / (b1 - b0), (v0 + v1) / (b1 - b0) ** 2))
+            if secants:
+                slope = sum(x for x, _ in secants) / len(secants)
+                svar = sum(v for _, v in secants) / len(secants) ** 2
+                # Two secants that disagree say how curved the cost is here.
+                if len(secants) == 2:
+                    svar += ((secants[0][0] - secants[1][0]) / 2.0 / Z90) ** 2
+                slope = max(slope, 0.0)
+            else:
+                other = self._slope_elsewhere(profile)
+                if other is not None:
+                    slope, svar = other
+                else:  # non-decreasing in B and at most proportional to it
+                    slope = y0 / b0 / 2.0
+                    svar = (slope / Z90) ** 2
+            return y0 + slope * d, v0 + svar * d * d, "bucket"
+        lower = [p for p in pts if p[0] < batch]
+        upper = [p for p in pts if p[0] > batch]
+        if lower and upper:
+            b0, y0, v0, _ = lower[-1]
+            b1, y1, v1, _ = upper[0]
+            w = (batch - b0) / (b1 - b0)
+            lin = y0 + w * (y1 - y0)
+            wl = math.log(batch / b0) / math.log(b1 / b0)
+            logi = y0 + wl * (y1 - y0)
+            half = abs(logi - lin) / 2.0
+            var = (1 - w) ** 2 * v0 + w * w * v1 + (half / Z90) ** 2
+            return (lin + logi) / 2.0, var, "interpolated"
+        side = lower if lower else upper
+        end = side[-1] if lower else side[0]
+        b0, y0, v0, _ = end
+        d = batch - b0
+        slope_var: tuple[float, float] | None = None
+        if len(side) >= 2:
+            nxt = side[-2] if lower else side[1]
+            b1, y1, v1, _ = nxt
+            slope_var = (max((y0 - y1) / (b0 - b1), 0.0), (v0 + v1) / (b0 - b1) ** 2)
+        else:
+            slope_var = self._slope_elsewhere(profile)
+        if slope_var is None:
+            lo, hi = sorted((y0, y0 * batch / b0))
+            half = (hi - lo) / 2.0
+            return (lo + hi) / 2.0, v0 + (half / Z90) ** 2, "extrapolated"
+        slope, svar = slope_var
+        extra = SURFACE_REL_ERR_FLOOR * slope * abs(d) / Z90
+        return y0 + slope * d, v0 + svar * d * d + extra * extra, "extrapolated"
+
+    def _line_predict(self, profile: str, batch: float) -> tuple[float, float] | None:
+        """(mean, variance) from the profile's line over all its windows; None below the
+        minimum of data."""
         if not self.has_data(profile):
             return None
         st = self.stats[profile]
@@ -375,13 +506,24 @@ class CycleTimeSurface:
         half = (hi - lo) / 2.0
         return (lo + hi) / 2.0, level_var + (half / Z90) ** 2
 
+    def profile_snapshot(self, profile: str) -> dict[str, Any]:
+        """A profile's statistics (its line and batch buckets) as JSON, to compare a later boot
+        with (`comparable_step_s`)."""
+        return {
+            "spec": _spec_to_dict(self.specs[profile]),
+            "min_windows": self.min_windows,
+            "min_steps": self.min_steps,
+            "stats": self.stats[profile].to_dict(),
+            "buckets": {str(k): v.to_dict() for k, v in self.buckets[profile].items()},
+        }
+
     def estimate(self, profile: str, batch: float) -> Estimate | None:
         """Cycle seconds of `profile` at `batch` with a ~90% interval, or None."""
         if batch <= 0 or not math.isfinite(batch):
             raise ValueError(f"batch must be a positive number, got {batch!r}")
         own = self._own_predict(profile, batch)
         if own is not None:
-            mean, var = own
+            mean, var, _ = own
             if mean <= 0:
                 return None
             st = self.stats[profile]
@@ -425,6 +567,9 @@ class CycleTimeSurface:
             "min_steps": self.min_steps,
             "profiles": [_spec_to_dict(s) for s in self.specs.values()],
             "stats": {k: v.to_dict() for k, v in self.stats.items()},
+            "buckets": {
+                p: {str(k): v.to_dict() for k, v in bs.items()} for p, bs in self.buckets.items()
+            },
         }
 
     @classmethod
@@ -437,7 +582,29 @@ class CycleTimeSurface:
         )
         for k, v in d["stats"].items():
             obj.stats[k] = LineStats.from_dict(v)
+        for p, bs in d.get("buckets", {}).items():
+            obj.buckets[p] = {int(k): LineStats.from_dict(v) for k, v in bs.items()}
         return obj
+
+
+def comparable_step_s(snapshot: Mapping[str, Any], batch: float) -> float | None:
+    """The step time a `profile_snapshot` says at `batch`, only where it holds data in the
+    batch bucket of `batch` (like with like); None when that batch size was not served then: a
+    batch-size change is not drift."""
+    spec = _spec_from_dict(snapshot["spec"])
+    surf = CycleTimeSurface(
+        [spec], min_windows=snapshot["min_windows"], min_steps=snapshot["min_steps"]
+    )
+    surf.stats[spec.name] = LineStats.from_dict(snapshot["stats"])
+    surf.buckets[spec.name] = {
+        int(k): LineStats.from_dict(v) for k, v in snapshot["buckets"].items()
+    }
+    if batch <= 0 or not math.isfinite(batch):
+        return None
+    own = surf._own_predict(spec.name, batch)
+    if own is None or own[2] != "bucket" or own[0] <= 0:
+        return None
+    return own[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -1084,6 +1251,8 @@ __all__ = [
     "ThroughputModel",
     "WindowSignals",
     "WorkloadMix",
+    "batch_bucket",
+    "comparable_step_s",
     "spec_from_dict",
     "spec_to_dict",
 ]
