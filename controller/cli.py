@@ -9,9 +9,14 @@ a running daemon's REST API over httpx; history/export read the SQLite file dire
 from __future__ import annotations
 
 import asyncio
+import csv
+import datetime as dt
 import json
+import math
 import os
+import re
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,8 +24,10 @@ import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from controller.settings import EXIT_CONFIG, ConfigError, load_settings
+from store import Reader, StoreError
 
 app = typer.Typer(
     name="specpilot",
@@ -48,6 +55,26 @@ TokenOpt = Annotated[
     str | None,
     typer.Option("--token", help="API token (default: $SPECPILOT_API_TOKEN or the config's)."),
 ]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (recorded with the action).")]
+DbOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--db",
+        help="SQLite file to read (default: the database of --config, or of ./config.toml).",
+    ),
+]
+SinceOpt = Annotated[
+    str,
+    typer.Option(
+        "--since",
+        help="Start of the period: a duration back from now (30m, 2h, 7d, 1h30m), an ISO time "
+        "(UTC unless it says otherwise) or epoch seconds.",
+    ),
+]
+UntilOpt = Annotated[
+    str | None,
+    typer.Option("--until", help="End of the period (same forms as --since; default: no end)."),
+]
 
 
 def _fail(msg: str, code: int = 1) -> typer.Exit:
@@ -70,24 +97,37 @@ def _api_base(api: str | None, config: Path | None) -> tuple[str, str]:
 
 
 def _call(
-    method: str, api: str, path: str, *, token: str = "", body: dict[str, Any] | None = None
+    method: str,
+    api: str,
+    path: str,
+    *,
+    token: str = "",
+    body: dict[str, Any] | None = None,
+    params: dict[str, Any] | None = None,
 ) -> Any:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     headers["x-specpilot-actor"] = f"cli:{os.environ.get('USER', 'unknown')}"
     try:
-        r = httpx.request(method, api + path, json=body, headers=headers, timeout=10)
+        r = httpx.request(method, api + path, json=body, params=params, headers=headers, timeout=10)
     except httpx.HTTPError as e:
         raise _fail(
             f"cannot reach the specpilot daemon at {api} ({e.__class__.__name__}: {e}). "
             "Is `specpilot run` running, and is --api right?"
         ) from None
+    try:
+        payload = r.json()
+    except ValueError:
+        payload = None
     if r.status_code >= 400:
-        try:
-            detail = r.json().get("detail")
-        except ValueError:
-            detail = r.text
-        raise _fail(f"{method} {path}: HTTP {r.status_code}: {detail}")
-    return r.json()
+        detail = payload.get("detail") if isinstance(payload, dict) else r.text[:500]
+        hint = {
+            401: " (no token: pass --token, set SPECPILOT_API_TOKEN or give --config)",
+            403: " (the daemon refused the token)",
+        }.get(r.status_code, "")
+        raise _fail(f"{method} {path}: HTTP {r.status_code}: {detail}{hint}")
+    if payload is None:
+        raise _fail(f"{method} {path}: the answer from {api} is not JSON: is --api a specpilot?")
+    return payload
 
 
 def _token(token: str | None, cfg_token: str) -> str:
@@ -179,7 +219,7 @@ def _f(v: float | None, digits: int = 3) -> str:
 def pin(
     profile: str,
     ttl_s: Annotated[float | None, typer.Option("--ttl-s", help="Expiry in seconds.")] = None,
-    reason: Annotated[str, typer.Option(help="Why (recorded).")] = "",
+    reason: ReasonOpt = "",
     api: ApiOpt = None,
     config: ConfigOpt = None,
     token: TokenOpt = None,
@@ -198,19 +238,21 @@ def pin(
 
 @app.command()
 def unpin(
-    reason: str = "", api: ApiOpt = None, config: ConfigOpt = None, token: TokenOpt = None
+    reason: ReasonOpt = "", api: ApiOpt = None, config: ConfigOpt = None, token: TokenOpt = None
 ) -> None:
     """Remove the pin."""
     base, tok = _api_base(api, config)
     console.print_json(
-        json.dumps(_call("DELETE", base, f"/v1/pin?reason={reason}", token=_token(token, tok)))
+        json.dumps(
+            _call("DELETE", base, "/v1/pin", token=_token(token, tok), params={"reason": reason})
+        )
     )
 
 
 @app.command()
 def pause(
     ttl_s: Annotated[float, typer.Option("--ttl-s", help="Seconds to pause.")] = 3600.0,
-    reason: str = "",
+    reason: ReasonOpt = "",
     api: ApiOpt = None,
     config: ConfigOpt = None,
     token: TokenOpt = None,
@@ -232,19 +274,21 @@ def pause(
 
 @app.command()
 def resume(
-    reason: str = "", api: ApiOpt = None, config: ConfigOpt = None, token: TokenOpt = None
+    reason: ReasonOpt = "", api: ApiOpt = None, config: ConfigOpt = None, token: TokenOpt = None
 ) -> None:
     """End a pause."""
     base, tok = _api_base(api, config)
     console.print_json(
-        json.dumps(_call("DELETE", base, f"/v1/pause?reason={reason}", token=_token(token, tok)))
+        json.dumps(
+            _call("DELETE", base, "/v1/pause", token=_token(token, tok), params={"reason": reason})
+        )
     )
 
 
 @app.command()
 def mode(
     new_mode: Annotated[str, typer.Argument(metavar="active|advisory")],
-    reason: str = "",
+    reason: ReasonOpt = "",
     api: ApiOpt = None,
     config: ConfigOpt = None,
     token: TokenOpt = None,
@@ -263,6 +307,342 @@ def mode(
                 body={"mode": new_mode, "reason": reason},
             )
         )
+    )
+
+
+# --------------------------------------------------------------------------------- history
+EXPORT_TABLES = (
+    "observations",
+    "observations_hourly",
+    "estimates",
+    "decisions",
+    "switches",
+    "trials",
+    "overrides",
+    "findings",
+)
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(w|d|h|m|s)", re.IGNORECASE)
+_DURATIONS = re.compile(r"(?:\d+(?:\.\d+)?[wdhms])+", re.IGNORECASE)
+_UNIT_S = {"w": 7 * 86400.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def parse_time(text: str, now_s: float) -> float:
+    """'2h' / '1h30m' / '7d' (back from now), 'now', epoch seconds or an ISO time -> epoch s."""
+    t = text.strip()
+    if t.lower() == "now":
+        return now_s
+    compact = t.replace(" ", "")
+    if compact and _DURATIONS.fullmatch(compact):
+        total = sum(float(n) * _UNIT_S[u.lower()] for n, u in _DURATION.findall(compact))
+        return now_s - total
+    try:
+        v = float(t)
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(v):
+            return v
+    try:
+        d = dt.datetime.fromisoformat(t)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a time: use a duration (30m, 2h, 7d, 1h30m), 'now', "
+            "epoch seconds or an ISO time such as 2026-01-31T14:00"
+        ) from None
+    if d.tzinfo is None:
+        d = d.replace(tzinfo=dt.UTC)
+    return d.timestamp()
+
+
+def _period(since: str, until: str | None) -> tuple[float, float | None]:
+    now = time.time()
+    try:
+        a = parse_time(since, now)
+        b = parse_time(until, now) if until is not None else None
+    except ValueError as e:
+        raise _fail(str(e), 2) from None
+    if b is not None and b <= a:
+        raise _fail("--until must be later than --since", 2)
+    return a, b
+
+
+def _db_path(db: Path | None, config: Path | None) -> Path:
+    """--db, else the database the config names (as the daemon resolves it)."""
+    if db is None:
+        cfg = config or (Path("config.toml") if Path("config.toml").exists() else None)
+        if cfg is None:
+            raise _fail("which database? pass --db FILE or --config config.toml", 2)
+        try:
+            settings = load_settings(cfg)
+        except ConfigError as e:
+            raise _fail(str(e), EXIT_CONFIG) from None
+        from controller.daemon import database_path
+
+        db = database_path(settings)
+    if not db.exists():
+        raise _fail(
+            f"database {db} does not exist (has `specpilot run` written one with this config?)",
+            2,
+        )
+    return db
+
+
+def _open_reader(db: Path | None, config: Path | None) -> Reader:
+    path = _db_path(db, config)
+    try:
+        return Reader(path)
+    except StoreError as e:
+        raise _fail(str(e)) from None
+
+
+def _ts(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def history_events(
+    reader: Reader, since_s: float, until_s: float | None, *, every_decision: bool = False
+) -> list[dict[str, Any]]:
+    """Decisions, switches, trial states, overrides and findings of the period, oldest first.
+    Runs of identical decisions that did not act are folded into one event with a count."""
+    events: list[dict[str, Any]] = []
+    run: dict[str, Any] | None = None
+    for d in reader.export_rows("decisions", since_s=since_s, until_s=until_s):
+        key = (d["action"], d["profile"], d["reason"], d["mode"])
+        if not every_decision and not d["acted"] and run is not None and run["key"] == key:
+            run["count"] += 1
+            run["until_s"] = d["t_s"]
+            continue
+        run = {
+            "t_s": d["t_s"],
+            "kind": "decision",
+            "key": key,
+            "action": d["action"],
+            "profile": d["profile"],
+            "reason": d["reason"],
+            "mode": d["mode"],
+            "acted": d["acted"],
+            "count": 1,
+            "until_s": d["t_s"],
+            "diagnostics": d.get("diagnostics"),
+        }
+        events.append(run)
+        if d["acted"]:
+            run = None  # an acted decision is never folded
+    for s in reader.export_rows("switches", since_s=since_s, until_s=until_s):
+        events.append({**s, "t_s": s["started_s"], "kind": "switch"})
+    for t in reader.export_rows("trials", since_s=since_s, until_s=until_s):
+        events.append({**t, "kind": "trial"})
+    for o in reader.export_rows("overrides", since_s=since_s, until_s=until_s):
+        # The row's own `kind` (pin, pause...) becomes `override`.
+        events.append({**o, "t_s": o["created_s"], "kind": "override", "override": o["kind"]})
+    for f in reader.export_rows("findings", since_s=since_s, until_s=until_s):
+        events.append({**f, "kind": "finding", "finding": f["kind"]})
+    for e in events:
+        e.pop("key", None)
+    events.sort(key=lambda e: (e["t_s"], e["kind"] != "decision"))
+    return events
+
+
+def _describe(e: dict[str, Any]) -> str:
+    k = e["kind"]
+    if k == "decision":
+        n = e["count"]
+        rep = f" x{n} until {_ts(e['until_s'])}" if n > 1 else ""
+        acted = "acted" if e["acted"] else ("advisory" if e["mode"] == "advisory" else "")
+        return f"{e['action']} {e['profile']} ({e['reason']}){rep} {acted}".rstrip()
+    if k == "switch":
+        down = f", {e['downtime_s']:.0f} s down" if e.get("downtime_s") is not None else ""
+        err = f": {e['error']}" if e.get("error") else ""
+        return (
+            f"{e.get('from_profile') or '(start)'} -> {e['to_profile']} {e['reason']} "
+            f"[{e.get('outcome') or 'in flight'}{down}]{err}"
+        )
+    if k == "trial":
+        obs = e.get("observed_tok_s")
+        pred = e.get("predicted_tok_s")
+        nums = ""
+        if obs is not None or pred is not None:
+            nums = f" observed {_f(obs)} vs predicted {_f(pred)} tok/s"
+        return f"trial of switch {e['switch_id']}: {e['state']}{nums}"
+    if k == "override":
+        what = e.get("profile") or e.get("mode") or ""
+        ttl = f" for {e['ttl_s']:.0f} s" if e.get("ttl_s") else ""
+        why = f" - {e['reason']}" if e.get("reason") else ""
+        return f"{e['override']} {what}{ttl} by {e['actor']}{why}".replace("  ", " ")
+    return str(e.get("message") or e["finding"])
+
+
+_STYLE = {
+    "decision": "dim",
+    "switch": "bold cyan",
+    "trial": "magenta",
+    "override": "yellow",
+    "finding": "red",
+}
+
+
+@app.command()
+def history(
+    since: SinceOpt = "2h",
+    until: UntilOpt = None,
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+    every_decision: Annotated[
+        bool, typer.Option("--all", help="Every decision (default: repeats folded).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines, one event each.")] = False,
+) -> None:
+    """What happened: decisions, switches, trials, overrides and findings, oldest first.
+
+    Reads the SQLite history directly (read-only), so it works while the daemon is down."""
+    a, b = _period(since, until)
+    with _open_reader(db, config) as reader:
+        try:
+            events = history_events(reader, a, b, every_decision=every_decision)
+        except StoreError as e:
+            raise _fail(str(e)) from None
+    if as_json:
+        for e in events:
+            sys.stdout.write(json.dumps(e, sort_keys=True, allow_nan=False) + "\n")
+        return
+    if not events:
+        console.print(f"nothing recorded since {_ts(a)} UTC")
+        return
+    t = Table("time (UTC)", "what", "event", box=None, pad_edge=False)
+    for e in events:
+        t.add_row(_ts(e["t_s"]), e["kind"], Text(_describe(e)), style=_STYLE.get(e["kind"]))
+    console.print(t)
+
+
+def _csv_value(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, dict | list):
+        return json.dumps(v, sort_keys=True, allow_nan=False)
+    return v
+
+
+def _columns(reader: Reader, table: str) -> list[str]:
+    cols = [c.name for c in reader.db[table].columns]
+    return [c[:-5] if c.endswith("_json") else c for c in cols]
+
+
+def _write_csv(reader: Reader, table: str, a: float, b: float | None, fh: Any) -> int:
+    w = csv.DictWriter(fh, fieldnames=_columns(reader, table), extrasaction="ignore")
+    w.writeheader()
+    n = 0
+    for row in reader.export_rows(table, since_s=a, until_s=b):
+        w.writerow({k: _csv_value(v) for k, v in row.items()})
+        n += 1
+    return n
+
+
+@app.command()
+def export(
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="csv (one table per file) or jsonl.")
+    ] = "jsonl",
+    table: Annotated[
+        list[str] | None,
+        typer.Option("--table", "-t", help=f"Table(s) to export (default all): {EXPORT_TABLES}."),
+    ] = None,
+    since: SinceOpt = "100w",
+    until: UntilOpt = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="File (jsonl, or csv of one table) or directory (csv of several tables); "
+            "default: standard output.",
+        ),
+    ] = None,
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Export the history for analysis: jsonl rows carry a "table" key; csv cells hold JSON
+    for nested values. Times are UTC epoch seconds."""
+    if fmt not in ("csv", "jsonl"):
+        raise _fail(f"--format must be csv or jsonl, not {fmt!r}", 2)
+    tables = list(dict.fromkeys(table or EXPORT_TABLES))
+    unknown = [t for t in tables if t not in EXPORT_TABLES]
+    if unknown:
+        raise _fail(f"unknown table {unknown[0]!r}; one of {', '.join(EXPORT_TABLES)}", 2)
+    a, b = _period(since, until)
+    per_file = fmt == "csv" and len(tables) > 1
+    if per_file and output is None:
+        raise _fail("csv of several tables needs --output DIR (or one --table)", 2)
+    if per_file and output is not None and output.exists() and not output.is_dir():
+        raise _fail(f"{output} is a file; csv of several tables needs a directory", 2)
+    counts: dict[str, int] = {}
+    with _open_reader(db, config) as reader:
+        try:
+            if per_file:
+                assert output is not None
+                output.mkdir(parents=True, exist_ok=True)
+                for t in tables:
+                    with (output / f"{t}.csv").open("w", newline="") as fh:
+                        counts[t] = _write_csv(reader, t, a, b, fh)
+            else:
+                fh = output.open("w", newline="") if output else sys.stdout
+                try:
+                    for t in tables:
+                        if fmt == "csv":
+                            counts[t] = _write_csv(reader, t, a, b, fh)
+                            continue
+                        counts[t] = 0
+                        for row in reader.export_rows(t, since_s=a, until_s=b):
+                            fh.write(json.dumps({"table": t, **row}, allow_nan=False) + "\n")
+                            counts[t] += 1
+                finally:
+                    if output:
+                        fh.close()
+        except StoreError as e:
+            raise _fail(str(e)) from None
+        except OSError as e:
+            raise _fail(f"cannot write {output}: {e}") from None
+    if output is not None:
+        summary = ", ".join(f"{t} {n}" for t, n in counts.items())
+        err.print(f"exported to {output}: {summary}")
+
+
+@app.command()
+def report(
+    output: Annotated[Path, typer.Option("--output", "-o", help="PNG to write.")] = Path(
+        "specpilot-report.png"
+    ),
+    since: SinceOpt = "24h",
+    until: UntilOpt = None,
+    db: DbOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """A PNG: tok/s over time (observed and predicted) with profile bands and switches, and
+    accept length against break-even."""
+    from controller.report import ReportError, render_report
+
+    a, b = _period(since, until)
+    profiles: list[str] = []
+    if config is not None:
+        try:
+            profiles = list(load_settings(config).profiles)
+        except ConfigError as e:
+            raise _fail(str(e), EXIT_CONFIG) from None
+    with _open_reader(db, config) as reader:
+        try:
+            s = render_report(
+                reader,
+                output,
+                since_s=a,
+                until_s=b if b is not None else math.inf,
+                profiles=profiles,
+            )
+        except (ReportError, StoreError) as e:
+            raise _fail(str(e)) from None
+    console.print(
+        f"wrote {s.path}: {s.observations} observations, {s.hourly_points} hourly points, "
+        f"{s.switches} switches, profiles {', '.join(s.profiles)}"
     )
 
 
