@@ -50,20 +50,19 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class ArmWindow:
-    """One replica over one poll window of a canary. `running_reqs`: mean requests in flight
-    over the window; `requests`: requests finished in it (None when not reported)."""
+    """One replica over one poll window of a canary. `request_seconds`: the integral of requests
+    in flight over the time they were being decoded (SGLang's decode moments give it exactly:
+    the sum over decode steps of batch size x step time); `running_reqs`: their mean number
+    while decoding; `requests`: requests finished in the window (None when not reported)."""
 
     arm: str  # ARM_CANARY | ARM_CONTROL
     replica: str
     t_s: float  # end of the window (the same for every replica scraped in one tick)
     window_s: float
     output_tokens: float
+    request_seconds: float
     running_reqs: float
     requests: float | None = None
-
-    @property
-    def request_seconds(self) -> float:
-        return self.running_reqs * self.window_s
 
     @property
     def output_tok_s(self) -> float:

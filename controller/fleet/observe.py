@@ -169,11 +169,11 @@ def output_tokens(o: Observation) -> float | None:
 
 
 def mean_running(o: Observation) -> float | None:
-    """Requests in flight over the window: the decode moments' mean batch (a window mean) when
-    reported, else the gauge at the end of the window."""
+    """Requests in flight while decoding, time-weighted over the window's decode steps (from the
+    decode moments), else the gauge at the end of the window."""
     m = o.moments
-    if m is not None and m.n_steps > 0:
-        return m.sum_bs / m.n_steps
+    if m is not None and m.sum_step_s > 0:
+        return m.sum_bs_step_s / m.sum_step_s
     return o.running_reqs
 
 
@@ -183,17 +183,30 @@ def finished_requests(o: Observation) -> float | None:
 
 
 def arm_window(replica: str, arm: str, o: Observation) -> ArmWindow | None:
-    """The canary test's view of one replica's window (None when it lacks tokens or a batch)."""
-    tok, running = output_tokens(o), mean_running(o)
-    if tok is None or running is None or o.counter_reset:
+    """The canary test's view of one replica's window (None when it lacks tokens or a batch).
+    With decode moments: tokens generated in decode steps over the request-seconds of those
+    steps (sum of batch x step time), so time a replica sits idle between requests (a faster
+    one idles more under closed-loop clients) does not count against it. Without them: output
+    tokens over the end-of-window running gauge x window length."""
+    if o.counter_reset:
         return None
+    m = o.moments
+    if m is not None and m.sum_bs_step_s > 0 and m.sum_generated > 0:
+        tok, req_s = m.sum_generated, m.sum_bs_step_s
+    else:
+        out, running = output_tokens(o), o.running_reqs
+        if out is None or running is None:
+            return None
+        tok, req_s = out, running * o.window_s
+    running_mean = mean_running(o)
     return ArmWindow(
         arm=arm,
         replica=replica,
         t_s=o.t_s,
         window_s=o.window_s,
         output_tokens=tok,
-        running_reqs=running,
+        request_seconds=req_s,
+        running_reqs=running_mean if running_mean is not None else 0.0,
         requests=finished_requests(o),
     )
 

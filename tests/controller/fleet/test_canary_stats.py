@@ -1,0 +1,156 @@
+"""The canary test (policies/canary.py) and the fleet's window arithmetic (observe.py), no I/O."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from controller.fleet.observe import arm_window, mean_replica
+from policies.canary import (
+    ARM_CANARY,
+    ARM_CONTROL,
+    ArmWindow,
+    CanaryTestSettings,
+    Verdict,
+    assess,
+    pooled_control,
+)
+from policies.types import DecodeMoments, Observation, WorkloadWindow
+
+
+def windows(
+    n: int,
+    *,
+    canary_rate: float,
+    canary_traffic: float = 1.0,
+    controls: int = 2,
+    noise: float = 0.05,
+    seed: int = 0,
+    drift: bool = False,
+) -> list[ArmWindow]:
+    """n ticks of one canary and `controls` control replicas. `*_rate`: tokens per running
+    request-second; traffic scales requests in flight (and so raw tok/s) only."""
+    rng = np.random.default_rng(seed)
+    out: list[ArmWindow] = []
+    for i in range(n):
+        level = 1.0 + (0.5 * math.sin(i) if drift else 0.0)  # the load moves all replicas
+        t = 10.0 * (i + 1)
+        for arm, name, rate, traffic in [(ARM_CANARY, "c", canary_rate, canary_traffic)] + [
+            (ARM_CONTROL, f"k{j}", 1.0, 1.0) for j in range(controls)
+        ]:
+            running = 8.0 * traffic * level
+            r = 30.0 * rate / level * float(np.exp(rng.normal(0.0, noise)))
+            req_s = running * 10.0
+            out.append(ArmWindow(arm, name, t, 10.0, r * req_s, req_s, running, None))
+    return out
+
+
+S = CanaryTestSettings(min_windows=6, max_windows=30)
+
+
+def test_needs_min_windows_before_any_verdict() -> None:
+    v = assess(windows(5, canary_rate=1.5), S)
+    assert v.verdict is Verdict.CONTINUE and v.why == "insufficient_windows"
+
+
+@pytest.mark.parametrize("method", ["paired", "welch", "mannwhitney"])
+def test_a_faster_candidate_is_promoted(method: str) -> None:
+    s = CanaryTestSettings(min_windows=6, max_windows=30, method=method)  # type: ignore[arg-type]
+    v = assess(windows(10, canary_rate=1.2), s)
+    assert v.verdict is Verdict.PROMOTE, v.summary()
+    assert v.ratio is not None and 1.1 < v.ratio < 1.3
+    assert v.ci_low is not None and v.ci_low > 1.0
+
+
+@pytest.mark.parametrize("method", ["paired", "welch", "mannwhitney"])
+def test_a_slower_candidate_is_rolled_back(method: str) -> None:
+    s = CanaryTestSettings(min_windows=6, max_windows=30, method=method)  # type: ignore[arg-type]
+    v = assess(windows(10, canary_rate=0.8), s)
+    assert v.verdict is Verdict.ROLLBACK and v.why == "worse", v.summary()
+
+
+def test_uneven_traffic_is_not_mistaken_for_a_gain() -> None:
+    # The canary gets twice the requests: twice the raw tok/s, the same speed per request.
+    v = assess(windows(30, canary_rate=1.0, canary_traffic=2.0), S)
+    assert v.raw_tok_s_ratio is not None and v.raw_tok_s_ratio > 1.8
+    assert v.verdict is not Verdict.PROMOTE, v.summary()
+    assert v.ratio is not None and abs(v.ratio - 1.0) < 0.05
+
+
+def test_a_less_loaded_canary_is_not_mistaken_for_a_loss() -> None:
+    v = assess(windows(30, canary_rate=1.0, canary_traffic=0.5), S)
+    assert v.raw_tok_s_ratio is not None and v.raw_tok_s_ratio < 0.6
+    assert v.why != "worse", v.summary()
+
+
+def test_equal_profiles_end_without_promotion() -> None:
+    v = assess(windows(30, canary_rate=1.0, noise=0.1, seed=3), S)
+    assert v.verdict is Verdict.ROLLBACK and v.why in ("no_gain", "inconclusive"), v.summary()
+
+
+def test_pairing_sees_through_load_swings() -> None:
+    # The load moves every replica by +-50% from window to window; a 5% gain is still found by
+    # the paired test, not by the unpaired one.
+    w = windows(12, canary_rate=1.05, noise=0.01, drift=True)
+    paired = assess(w, CanaryTestSettings(min_windows=6, method="paired"))
+    welch = assess(w, CanaryTestSettings(min_windows=6, method="welch"))
+    assert paired.verdict is Verdict.PROMOTE, paired.summary()
+    assert welch.verdict is Verdict.CONTINUE, welch.summary()
+
+
+def test_idle_windows_are_ignored() -> None:
+    w = windows(8, canary_rate=1.3)
+    idle = [ArmWindow(ARM_CANARY, "c", 1000.0 + i, 10.0, 0.0, 0.0, 0.0) for i in range(20)]
+    v = assess(w + idle, S)
+    assert v.n_canary == 8 and v.verdict is Verdict.PROMOTE
+
+
+def test_control_pool_is_traffic_weighted() -> None:
+    a = ArmWindow(ARM_CONTROL, "a", 10.0, 10.0, 3000.0, 100.0, 10.0)  # 30 tok/req-s, busy
+    b = ArmWindow(ARM_CONTROL, "b", 10.0, 10.0, 100.0, 10.0, 1.0)  # 10 tok/req-s, nearly idle
+    assert pooled_control([a, b]) == pytest.approx(3100.0 / 110.0)
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="min_windows"):
+        CanaryTestSettings(min_windows=1)
+    with pytest.raises(ValueError, match="max_windows"):
+        CanaryTestSettings(min_windows=8, max_windows=4)
+    with pytest.raises(ValueError, match="method"):
+        CanaryTestSettings(method="ttest")  # type: ignore[arg-type]
+
+
+def _obs(tok: float, bs: float, *, profile: str = "p", requests: float = 4.0) -> Observation:
+    return Observation(
+        t_s=100.0,
+        window_s=10.0,
+        profile=profile,
+        running_reqs=bs,
+        decode_tokens=tok,
+        generation_tokens=tok,
+        verify_calls=tok / 2,
+        spec_accept_length=2.0,
+        moments=DecodeMoments(100.0, 100.0 * bs, 9.0, 100.0 * bs * bs, 9.0 * bs, tok),
+        workloads=(WorkloadWindow("chat", tok, tok / 2, requests),),
+    )
+
+
+def test_mean_replica_keeps_one_replica_scale() -> None:
+    m = mean_replica([_obs(1000.0, 4.0), _obs(3000.0, 8.0)])
+    assert m is not None
+    assert m.decode_tokens == 2000.0 and m.running_reqs == 6.0
+    assert m.moments is not None and m.moments.sum_bs / m.moments.n_steps == pytest.approx(6.0)
+    assert m.workloads[0].requests == 4.0
+    assert mean_replica([]) is None
+    with pytest.raises(ValueError, match="one profile"):
+        mean_replica([_obs(1.0, 1.0), _obs(1.0, 1.0, profile="q")])
+
+
+def test_arm_window_uses_decode_request_seconds() -> None:
+    w = arm_window("r", ARM_CANARY, _obs(1800.0, 4.0))
+    assert w is not None
+    # 1800 tokens over sum(batch x step time) = 9 s x 4 requests
+    assert w.output_tokens / w.request_seconds == pytest.approx(50.0)
+    assert w.running_reqs == pytest.approx(4.0)
