@@ -11,6 +11,7 @@ must not write the database or decide anything.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,9 +137,9 @@ def render_report(
         if e["workload"] == ALL_WORKLOADS and e["tok_s_mean"] is not None
     ]
     if not obs and not hourly:
+        end = f" and {_dt([until_s])[0]:%Y-%m-%d %H:%M}" if math.isfinite(until_s) else ""
         raise ReportError(
-            "no observations between "
-            f"{_dt([since_s])[0]:%Y-%m-%d %H:%M} and {_dt([until_s])[0]:%Y-%m-%d %H:%M} UTC"
+            f"no observations between {_dt([since_s])[0]:%Y-%m-%d %H:%M}{end or ' and now'} UTC"
         )
 
     # Points: hourly aggregates (mid-hour) before the first raw observation, then raw.

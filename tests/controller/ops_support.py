@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from typing import Any
 import httpx
 
 from controller.actuators.base import ServerState, SwitchOutcome, SwitchResult
-from controller.clock import ManualClock
+from controller.clock import Clock, ManualClock, ScaledClock
 from controller.loop import Controller
 from controller.metrics import ControllerMetrics
 from controller.settings import Settings, settings_from_dict
@@ -74,7 +76,7 @@ DEFAULT_MODELS = {
 class FakeServer:
     """SGLang-shaped metrics for whichever profile runs; counters restart with the server."""
 
-    clock: ManualClock
+    clock: Clock
     models: dict[str, ProfileModel] = field(default_factory=lambda: dict(DEFAULT_MODELS))
     batch: float = 8.0
     profile: str | None = None
@@ -178,7 +180,7 @@ class FakeActuator:
     """The Actuator protocol over a FakeServer. `hold` (an Event, cleared) keeps a switch in
     flight until set."""
 
-    def __init__(self, server: FakeServer, clock: ManualClock, switch_s: float = 60.0) -> None:
+    def __init__(self, server: FakeServer, clock: Clock, switch_s: float = 60.0) -> None:
         self.server = server
         self.clock = clock
         self.switch_s = switch_s
@@ -199,7 +201,11 @@ class FakeActuator:
         if self.hold is not None:
             await self.hold.wait()
         old = self.server.profile
-        self.clock.advance(self.switch_s)
+        self.server.profile = None  # down while restarting
+        if isinstance(self.clock, ManualClock):
+            self.clock.advance(self.switch_s)
+        else:
+            await self.clock.sleep(self.switch_s)
         self.server.start(profile)
         return SwitchResult(SwitchOutcome.OK, old, profile, self.switch_s)
 
@@ -252,3 +258,89 @@ async def make_rig(
     )
     await controller.startup()
     return Rig(controller, server, actuator, clock, store, client)
+
+
+class LiveDaemon:
+    """The real daemon composition (controller.daemon.serve: loop, API on a free loopback port,
+    watchdog) over a FakeServer, in a thread with its own event loop, in accelerated time.
+    For tests that need a real HTTP endpoint (CLI, Chromium, Prometheus)."""
+
+    def __init__(
+        self, tmp_path: Path, *, time_scale: float = 20.0, token: str = TOKEN, mode: str = "active"
+    ) -> None:
+        self.settings = make_settings(tmp_path, token=token, mode=mode)
+        self.time_scale = time_scale
+        self.daemon: Any = None
+        self.server: FakeServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.ticks = 0
+
+    async def _main(self) -> None:
+        from controller.daemon import Daemon, serve
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        clock = ScaledClock(self.time_scale)
+        server = FakeServer(clock)
+        self.server = server
+        client = httpx.AsyncClient(transport=httpx.MockTransport(server.handler))
+        store = Store(Path(self.settings.controller.database))
+        controller = Controller(
+            self.settings,
+            clock=clock,
+            store=store,
+            actuator=FakeActuator(server, clock),
+            client=client,
+            metrics=ControllerMetrics(self.settings.profiles),
+        )
+        self.daemon = Daemon(None, self.settings, controller, store, client)
+
+        def on_tick(_: Controller) -> None:
+            self.ticks += 1
+
+        await serve(self.daemon, stop=self._stop, on_tick=on_tick, install_signals=False)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as e:  # surfaced by __enter__/__exit__
+            self._error = e
+
+    def __enter__(self) -> LiveDaemon:
+        self._thread = threading.Thread(target=self._run, name="live-daemon", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self._error is not None:
+                raise RuntimeError("the daemon failed to start") from self._error
+            if self.daemon is not None and self.daemon.api_port and self.ticks >= 2:
+                return self
+            time.sleep(0.02)
+        self.__exit__()
+        raise TimeoutError("the daemon did not serve its API within 30 s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(15)
+            assert not self._thread.is_alive(), "the daemon did not stop"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.daemon.api_port}"
+
+    @property
+    def controller(self) -> Controller:
+        return self.daemon.controller
+
+    def wait_ticks(self, n: int, timeout: float = 20.0) -> None:
+        target = self.ticks + n
+        deadline = time.monotonic() + timeout
+        while self.ticks < target:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{n} ticks did not happen within {timeout} s")
+            time.sleep(0.02)

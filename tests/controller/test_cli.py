@@ -1,0 +1,316 @@
+"""The `specpilot` CLI: help everywhere, operator commands against a live daemon, a clear error
+when the daemon is unreachable, and history / export / report over a recorded database."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from controller.cli import EXPORT_TABLES, app, parse_time
+from controller.clock import ManualClock
+from policies.types import Mode
+from store import Reader
+from tests.controller.ops_support import TOKEN, LiveDaemon, ProfileModel, make_rig
+
+runner = CliRunner()
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> Any:
+    return runner.invoke(app, list(args), env={"COLUMNS": "200", **(env or {})})
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again when the block ends
+
+
+# --------------------------------------------------------------------------------- help
+
+OPERATOR = ["status", "pin", "unpin", "pause", "resume", "mode"]
+
+
+def test_every_command_has_help() -> None:
+    names = [c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands]
+    for required in [*OPERATOR, "history", "export", "report", "breakeven"]:
+        assert required in names
+    for name in names:
+        r = cli(name, "--help")
+        assert r.exit_code == 0, (name, r.output)
+        assert "Usage" in r.output
+        cmd = next(c for c in app.registered_commands if (c.name or c.callback.__name__) == name)
+        doc = (cmd.help or (cmd.callback.__doc__ if cmd.callback else "") or "").strip()
+        assert doc, f"{name} has no help text"
+        assert doc.split()[0] in r.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status"],
+        ["pin", "eagle3-2step"],
+        ["unpin"],
+        ["pause", "--ttl-s", "60"],
+        ["resume"],
+        ["mode", "advisory"],
+    ],
+)
+def test_unreachable_daemon_is_a_clear_error(args: list[str]) -> None:
+    api = f"http://127.0.0.1:{_closed_port()}"
+    r = cli(*args, "--api", api)
+    assert r.exit_code == 1
+    assert "cannot reach the specpilot daemon" in r.output
+    assert api in r.output
+    assert "Traceback" not in r.output
+
+
+# --------------------------------------------------------------------------------- live
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    with LiveDaemon(tmp_path_factory.mktemp("cli-live")) as d:
+        yield d
+
+
+def test_status(live: LiveDaemon) -> None:
+    r = cli("status", "--api", live.url)
+    assert r.exit_code == 0, r.output
+    assert "profile baseline" in r.output
+    for p in ("baseline", "eagle3-2step", "eagle3-5step"):
+        assert p in r.output
+    r = cli("status", "--api", live.url, "--json")
+    assert r.exit_code == 0
+    assert json.loads(r.output)["profile"] == "baseline"
+
+
+def test_operator_commands(live: LiveDaemon) -> None:
+    env = {"SPECPILOT_API_TOKEN": TOKEN}
+    r = cli("pause", "--ttl-s", "600", "--reason", "maintenance & more", "--api", live.url, env=env)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["pause"]["until_s"] > 0
+    r = cli("resume", "--reason", "done?", "--api", live.url, env=env)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["pause"] is None
+    r = cli("mode", "advisory", "--api", live.url, "--token", TOKEN)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["mode"] == "advisory"
+    r = cli("pin", "eagle3-5step", "--ttl-s", "3600", "--api", live.url, env=env)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["pin"]["profile"] == "eagle3-5step"
+    r = cli("unpin", "--reason", "a=b&c", "--api", live.url, env=env)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["pin"] is None
+    r = cli("mode", "active", "--api", live.url, env=env)
+    assert json.loads(r.output)["mode"] == "active"
+
+    reasons = [o["reason"] for o in live.daemon.store.overrides_history(limit=10)]
+    assert "maintenance & more" in reasons and "a=b&c" in reasons and "done?" in reasons
+
+    # Errors the daemon gives are shown, not a traceback.
+    r = cli("pin", "eagle9", "--api", live.url, env=env)
+    assert r.exit_code == 1
+    assert "HTTP 404" in r.output and "eagle9" in r.output
+    r = cli("pin", "eagle3-2step", "--api", live.url, env={"SPECPILOT_API_TOKEN": ""})
+    assert r.exit_code == 1
+    assert "HTTP 401" in r.output and "--token" in r.output
+    r = cli("pin", "eagle3-2step", "--api", live.url, "--token", "nope")
+    assert r.exit_code == 1 and "HTTP 403" in r.output
+    r = cli("mode", "turbo", "--api", live.url, env=env)
+    assert r.exit_code == 2 and "active or advisory" in r.output
+
+
+def test_not_a_specpilot_is_a_clear_error(live: LiveDaemon) -> None:
+    # An API base that answers something else than JSON (here: the status page HTML).
+    r = cli("status", "--api", live.url + "/?x=")
+    assert r.exit_code == 1
+    assert "Traceback" not in r.output
+
+
+# --------------------------------------------------------------------------------- history
+
+T0 = 1_800_000_000.0
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database with a few hours of history: an explore, a rollback on predicted gain (a
+    trial), a pin, an advisory period and a change finding."""
+    tmp = tmp_path_factory.mktemp("cli-db")
+
+    async def build() -> Path:
+        rig = await make_rig(tmp, clock=ManualClock(T0))
+        rig.server.models["eagle3-5step"] = ProfileModel(step_s=0.070, accept_length=1.2)
+        c = rig.controller
+        for i in range(900):
+            if i == 400:
+                c.pin("eagle3-2step", 1800, "try 2-step", "cli:test")
+            if i == 600:
+                rig.server.batch = 40
+            if i == 700:
+                c.set_mode(Mode.ADVISORY, "look only", "cli:test")
+            await rig.ticks(1)
+        path = rig.store.path
+        await rig.close()
+        return path
+
+    return asyncio.run(build())
+
+
+def _events(db: Path, *args: str) -> list[dict[str, Any]]:
+    r = cli("history", "--db", str(db), "--json", *args)
+    assert r.exit_code == 0, r.output
+    return [json.loads(line) for line in r.output.splitlines()]
+
+
+def test_history(recorded: Path) -> None:
+    since = str(T0 - 60)
+    events = _events(recorded, "--since", since)
+    kinds = {e["kind"] for e in events}
+    assert kinds == {"decision", "switch", "trial", "override", "finding"}
+    assert [e["t_s"] for e in events] == sorted(e["t_s"] for e in events)
+    switches = [e for e in events if e["kind"] == "switch"]
+    assert [s["reason"] for s in switches][:4] == [
+        "switch_manual",  # the initial start
+        "explore",
+        "switch_predicted_gain",
+        "switch_pinned",
+    ]
+    overrides = [(e["override"], e["actor"]) for e in events if e["kind"] == "override"]
+    assert overrides == [("pin", "cli:test"), ("mode", "cli:test")]
+    # Repeated holds are folded with a count; --all lists every decision.
+    folded = [e for e in events if e["kind"] == "decision"]
+    every = [e for e in _events(recorded, "--since", since, "--all") if e["kind"] == "decision"]
+    assert sum(e["count"] for e in folded) == len(every) == 901
+    assert len(folded) < 30
+    # --since / --until bound the period.
+    later = _events(recorded, "--since", str(T0 + 7000), "--until", str(T0 + 7200))
+    assert later and all(T0 + 7000 <= e["t_s"] < T0 + 7200 for e in later)
+
+    r = cli("history", "--db", str(recorded), "--since", since)
+    assert r.exit_code == 0
+    for text in ("switch_predicted_gain", "x2", "pin eagle3-2step for 1800 s by cli:test"):
+        assert text in r.output
+    assert "[ok, 60 s down]" in r.output  # not swallowed as rich markup
+
+
+def test_parse_time() -> None:
+    now = 1_000_000.0
+    assert parse_time("2h", now) == now - 7200
+    assert parse_time("1h30m", now) == now - 5400
+    assert parse_time("7d", now) == now - 7 * 86400
+    assert parse_time("45s", now) == now - 45
+    assert parse_time("now", now) == now
+    assert parse_time("1700000000", now) == 1_700_000_000
+    assert parse_time("2023-11-14T22:13:20", now) == 1_700_000_000  # naive: UTC
+    assert parse_time("2023-11-14T23:13:20+01:00", now) == 1_700_000_000
+    for bad in ("yesterday", "2x", "", "nan"):
+        with pytest.raises(ValueError, match="not a time"):
+            parse_time(bad, now)
+
+
+def test_history_errors(tmp_path: Path, recorded: Path) -> None:
+    r = cli("history", "--db", str(tmp_path / "missing.db"))
+    assert r.exit_code == 2 and "does not exist" in r.output
+    r = cli("history", "--db", str(recorded), "--since", "last tuesday")
+    assert r.exit_code == 2 and "not a time" in r.output
+    r = cli("history", "--db", str(recorded), "--since", "1h", "--until", "2h")
+    assert r.exit_code == 2 and "later" in r.output
+    junk = tmp_path / "junk.db"
+    junk.write_text("not a database at all, " * 100)
+    r = cli("history", "--db", str(junk))
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    r = cli("history", "--config", str(tmp_path / "nope.toml"))
+    assert r.exit_code == 78
+
+
+def test_history_from_config(tmp_path: Path, recorded: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[controller]\ndatabase = "{recorded}"\n[profiles.baseline]\nflags = []\n')
+    r = cli("history", "--config", str(cfg), "--since", str(T0), "--json")
+    assert r.exit_code == 0, r.output
+    assert len(r.output.splitlines()) > 10
+
+
+def test_export_jsonl(recorded: Path, tmp_path: Path) -> None:
+    out = tmp_path / "all.jsonl"
+    r = cli(
+        "export", "--db", str(recorded), "--format", "jsonl", "--since", str(T0), "-o", str(out)
+    )
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    by_table: dict[str, int] = {}
+    for row in rows:
+        by_table[row["table"]] = by_table.get(row["table"], 0) + 1
+    assert by_table["decisions"] == 901
+    assert by_table["estimates"] == 3 * 900  # three profiles per tick
+    assert by_table["switches"] >= 4
+    assert set(by_table) <= set(EXPORT_TABLES)
+    decision = next(r for r in rows if r["table"] == "decisions")
+    assert isinstance(decision["diagnostics"], dict)
+    # To standard output, one table.
+    r = cli("export", "--db", str(recorded), "--table", "switches", "--since", str(T0))
+    assert r.exit_code == 0
+    assert all(json.loads(line)["table"] == "switches" for line in r.output.splitlines())
+
+
+def test_export_csv(recorded: Path, tmp_path: Path) -> None:
+    r = cli("export", "--db", str(recorded), "--format", "csv", "-t", "switches", "--since", "100w")
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(r.output.splitlines()))
+    assert rows[0]["to_profile"] == "baseline" and rows[0]["from_profile"] == ""
+    assert {"started_s", "downtime_s", "outcome", "reason"} <= set(rows[0])
+
+    out = tmp_path / "csv"
+    r = cli("export", "--db", str(recorded), "--format", "csv", "-o", str(out), "--since", "100w")
+    assert r.exit_code == 0, r.output
+    assert sorted(p.stem for p in out.iterdir()) == sorted(EXPORT_TABLES)
+    with (out / "decisions.csv").open() as fh:
+        decisions = list(csv.DictReader(fh))
+    assert len(decisions) == 901
+    assert json.loads(decisions[-1]["diagnostics"])  # nested values are JSON in a cell
+    with (out / "observations_hourly.csv").open() as fh:
+        assert fh.readline().startswith("hour_s,profile,")  # header even when empty
+
+    for args, msg in (
+        (["--format", "csv"], "needs --output DIR"),
+        (["--format", "xml"], "csv or jsonl"),
+        (["--table", "secrets"], "unknown table"),
+    ):
+        r = cli("export", "--db", str(recorded), *args)
+        assert r.exit_code == 2 and msg in r.output, (args, r.output)
+
+
+def test_report(recorded: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.png"
+    started = time.monotonic()
+    r = cli("report", "--db", str(recorded), "--since", str(T0), "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert time.monotonic() - started < 30
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Reader(recorded) as reader:
+        n_switches = len(reader.switches(limit=1000))
+    assert f"{n_switches} switches" in r.output
+    from matplotlib.image import imread
+
+    img = imread(out)
+    assert img.shape[0] >= 600 and img.shape[1] >= 1000
+    print(f"report PNG: {out}")
+    r = cli("report", "--db", str(recorded), "--since", str(T0 + 10**7), "-o", str(out))
+    assert r.exit_code == 1 and "no observations" in r.output
+
+
+def test_breakeven() -> None:
+    r = cli("breakeven", "--baseline-tok-s", "82", "--cycle-ms", "30")
+    assert r.exit_code == 0
+    assert "2.46" in r.output  # FIELD.md: 82 tok/s x 30 ms
+    r = cli("breakeven", "--baseline-tok-s", "0", "--cycle-ms", "30")
+    assert r.exit_code == 2
