@@ -27,6 +27,8 @@ from scipy.optimize import nnls
 
 from policies.chain import (
     Z90,
+    alpha_from_accept_length,
+    expected_accept_length,
     extrapolated_accept_length,
     fit_tail,
     predict_from_mean,
@@ -64,6 +66,10 @@ MIN_MIX_SHARE = 0.02
 # of new evidence cannot move a least-squares fit by more than its own noise, and refitting
 # every window would cost more than all the other work of a tick.
 REFIT_FRACTION = 0.05
+
+# A cross prediction is split per workload only when the workloads with their own estimates
+# carry at least this share of the profile's verify steps (the rest would bias the split).
+MIN_SPLIT_COVERAGE = 0.9
 
 # Batch-size buckets per octave: B and 1.41 B share a bucket, so a straight line inside one is
 # within ~1% of any smooth step-time curve, and an estimate at a batch size seen compares like
@@ -587,6 +593,30 @@ class CycleTimeSurface:
         return obj
 
 
+def _chain_map(accept_length: float, g_from: int, g_to: int) -> float:
+    """E[L_{g_to}] of the constant-alpha chain whose g_from-step mean is `accept_length`."""
+    a = alpha_from_accept_length(min(max(accept_length, 1.0), g_from + 1.0), g_from)
+    return float(expected_accept_length(a, g_to))
+
+
+def _calibrated(
+    e: Estimate, gp: int, gq: int, c: float, hist: tuple[float, float, float]
+) -> Estimate:
+    """One workload's cross prediction: chain map of its mean, scaled by the calibration c of
+    the accepted part; the interval carries its own sampling error, the histogram's relative
+    one, and half the calibration's correction (how far the chain shape was off)."""
+    lq, mq, hq = hist
+    m = _chain_map(e.mean, gp, gq)
+    mean = 1.0 + (m - 1.0) * c
+    slack = abs(c - 1.0) / 2.0 * (m - 1.0)
+    rel_lo = (lq - 1.0) / (mq - 1.0) if mq > 1.0 else 1.0
+    rel_hi = (hq - 1.0) / (mq - 1.0) if mq > 1.0 else 1.0
+    low = 1.0 + (_chain_map(e.low, gp, gq) - 1.0) * c * rel_lo - slack
+    high = 1.0 + (_chain_map(e.high, gp, gq) - 1.0) * c * rel_hi + slack
+    mean = min(max(mean, 1.0), gq + 1.0)
+    return Estimate(mean, max(1.0, min(low, mean)), min(gq + 1.0, max(high, mean)), e.n)
+
+
 def comparable_step_s(snapshot: Mapping[str, Any], batch: float) -> float | None:
     """The step time a `profile_snapshot` says at `batch`, only where it holds data in the
     batch bucket of `batch` (like with like); None when that batch size was not served then: a
@@ -724,8 +754,12 @@ class AcceptLength:
         return L
 
     def update(self, obs: Observation) -> float | None:
-        """Feed one window of the running profile. Returns the window's all-workload accept
-        length (for change detection), or None."""
+        """Feed one window of the running profile. Returns the window's accept length for
+        change detection, or None: decode tokens per sequence-step from the decode moments when
+        the window has them (every verify step of the window); else, once per-workload levels
+        exist, the profile's level times (verify steps those levels expected / verify steps
+        observed), so that only acceptance, not the finished requests' workload mix, moves it;
+        before that, the raw all-workload ratio of finished requests."""
         spec = self.specs.get(obs.profile)
         if spec is None:
             raise KeyError(f"unknown profile {obs.profile!r}")
@@ -734,10 +768,17 @@ class AcceptLength:
         g = max(spec.num_steps, max(spec.candidate_steps, default=0))
         lam = _decay(obs.window_s, self.half_life_s)
         per = self.ratios[obs.profile]
+        # Prequential levels (before this window): the change signal compares each workload with
+        # its own level, so a window that happens to finish more requests of a high-acceptance
+        # workload is not a change in acceptance (with a mix, that noise dominates the raw
+        # all-workload ratio: ~15% per 10 s window at 16 streams).
+        ref = self.estimate(obs.profile, AGGREGATE)
         tot_g = tot_r = tot_v = 0.0
+        exp_v = cov_acc = cov_v = 0.0
         for w in obs.workloads:
             if w.generation_tokens is None or w.verify_calls is None or w.requests is None:
                 continue
+            pre = self.estimate(obs.profile, w.workload) if w.workload in per else None
             st = per.setdefault(w.workload, _RatioStats())
             if self._add_ratio(
                 st, w.generation_tokens, w.requests, w.verify_calls, g, obs.t_s, lam
@@ -745,6 +786,11 @@ class AcceptLength:
                 tot_g += w.generation_tokens
                 tot_r += w.requests
                 tot_v += w.verify_calls
+                if pre is not None:
+                    acc = w.generation_tokens - w.requests
+                    exp_v += acc / pre.mean
+                    cov_acc += acc
+                    cov_v += w.verify_calls
         agg = None
         if tot_v > 0:
             st = per.setdefault(AGGREGATE, _RatioStats())
@@ -761,6 +807,18 @@ class AcceptLength:
                 if obs.profile in self._shape:
                     added, lp, cache = self._shape[obs.profile]
                     self._shape[obs.profile] = (added + sum(arr), lp, cache)
+        m = obs.moments
+        if m is not None and m.n_steps > 0 and m.sum_bs > 0 and _finite(m.sum_generated):
+            # Decode tokens per sequence-step over every verify step of the window, running
+            # requests included: it moves the window acceptance moves, while counters of
+            # finished requests lag by a request's duration (minutes on a slow server).
+            per_step = m.sum_generated / m.sum_bs
+            if 1.0 - 1e-6 <= per_step <= g + 1.0 + 1e-6:
+                return per_step
+        if agg is not None and ref is not None and cov_v > 0 and cov_acc >= 0.5 * (tot_g - tot_r):
+            # Verify steps the per-workload levels expected over those observed, in accept-length
+            # units of the profile's level: ~ref while nothing changed, whatever the mix did.
+            return ref.mean * exp_v / cov_v
         return agg
 
     def discount(self, profile: str, factor: float) -> None:
@@ -879,6 +937,26 @@ class AcceptLength:
                     Estimate(1.0, 1.0, 1.0 + (e.high - 1.0), e.n), "truncation", t
                 )
             src = "truncation" if gq <= gp else "tail_model"
+            split = self._per_workload(p, gp, gq, lp_h, mq)
+            if split is not None:
+                c, per = split
+                if workload == AGGREGATE:
+                    # What q's counters would say for the same traffic: token-weighted harmonic
+                    # mean of the workloads (a verify step of q yields L_w(q) tokens of w).
+                    parts = [
+                        (tok, _calibrated(ew, gp, gq, c, (lq, mq, hq))) for ew, tok in per.values()
+                    ]
+                    tot = sum(tok for tok, _ in parts)
+                    if tot > 0:
+                        vals = [
+                            tot / sum(tok / getattr(x, k) for tok, x in parts)
+                            for k in ("mean", "low", "high")
+                        ]
+                        return AcceptPrediction(Estimate(*vals, e.n), src, t)
+                elif workload in per:
+                    return AcceptPrediction(
+                        _calibrated(per[workload][0], gp, gq, c, (lq, mq, hq)), src, t
+                    )
             base = lp_h - 1.0
             mean = 1.0 + (e.mean - 1.0) * (mq - 1.0) / base
             low = 1.0 + (e.low - 1.0) * (lq - 1.0) / base
@@ -888,6 +966,39 @@ class AcceptLength:
         se = (e.high - e.low) / (2 * Z90)
         m, lo, hi = predict_from_mean(e.mean, gp, gq, se)
         return AcceptPrediction(Estimate(m, lo, hi, e.n), "mean_model", t)
+
+    def _per_workload(
+        self, p: ProfileSpec, gp: int, gq: int, lp_h: float, mq: float
+    ) -> tuple[float, dict[str, tuple[Estimate, float]]] | None:
+        """Per-workload shape of a cross prediction from `p`'s histogram.
+
+        The histogram is one mixture over workloads, so its truncation ratio is wrong for each
+        of them (a high-alpha workload loses more to truncation than a low-alpha one). Each
+        workload gets the constant-alpha chain map of its own mean, and one calibration factor
+        c makes their verify-weighted mixture reproduce the histogram's exact truncation (or
+        tail model): c = (histogram ratio) / (model ratio), 1 when the chain model is right.
+        Returns (c, {workload: (estimate, tokens)}) or None without per-workload data."""
+        per: dict[str, tuple[Estimate, float]] = {}
+        num_model = num_obs = 0.0
+        for w, st in self.ratios[p.name].items():
+            if w == AGGREGATE:
+                continue
+            e = self.estimate(p.name, w)
+            if e is None:
+                continue
+            num_model += st.w * (_chain_map(e.mean, gp, gq) - 1.0)
+            num_obs += st.w * (e.mean - 1.0)
+            per[w] = (e, st.wl)
+        if not per or num_model <= _TINY or num_obs <= _TINY or lp_h <= 1.0 + 1e-9:
+            return None
+        # The calibration matches the whole histogram: the workloads with estimates must be
+        # (nearly) all of its verify steps, or c would absorb the missing ones.
+        agg = self.ratios[p.name].get(AGGREGATE)
+        covered = sum(self.ratios[p.name][w].w for w in per)
+        if agg is None or covered < MIN_SPLIT_COVERAGE * agg.w:
+            return None
+        c = ((mq - 1.0) / (lp_h - 1.0)) / (num_model / num_obs)
+        return c, per
 
     def to_dict(self) -> dict[str, Any]:
         return {
