@@ -348,6 +348,10 @@ def create_app(controller: Controller, token: str) -> FastAPI:
         """specpilot's own Prometheus metrics (`specpilot_*`)."""
         # Override expiry is a matter of time, not of ticks: refresh at scrape time.
         controller.metrics.set_overrides(controller.override_view())
+        trial = controller.state.trial if controller.state is not None else None
+        controller.metrics.set_activity(
+            controller.funnel.busy, str(trial["profile"]) if trial else None
+        )
         return Response(controller.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", response_class=HTMLResponse, tags=["people"])

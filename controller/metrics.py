@@ -7,6 +7,7 @@ prometheus_client's: nothing here writes exposition text by hand. Must not decid
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -21,6 +22,7 @@ class ControllerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.profiles = list(profiles)
+        self._accept_labels: set[tuple[str, str]] = set()
         self.info_profile = Gauge(
             "specpilot_current_profile",
             "1 for the profile the server runs now, 0 for the others.",
@@ -43,6 +45,13 @@ class ControllerMetrics:
             "specpilot_accept_length",
             "Accepted drafts + bonus per verify step, per workload, last window.",
             ["profile", "workload"],
+            registry=r,
+        )
+        self.predicted_accept_length = Gauge(
+            "specpilot_predicted_accept_length",
+            "Predicted accept length (accepted drafts + bonus per verify step) of each "
+            "speculative profile for the traffic served now.",
+            ["profile"],
             registry=r,
         )
         self.breakeven = Gauge(
@@ -109,6 +118,17 @@ class ControllerMetrics:
             "1 while automatic switching is stopped by an unknown outcome.",
             registry=r,
         )
+        self.switch_in_flight = Gauge(
+            "specpilot_switch_in_flight",
+            "1 while a restart of the server is in progress.",
+            registry=r,
+        )
+        self.trial = Gauge(
+            "specpilot_trial_running",
+            "1 for the profile on trial (judged against its prediction), per profile.",
+            ["profile"],
+            registry=r,
+        )
         self.scrape_errors = Counter(
             "specpilot_scrape_errors", "Failed scrapes of the server.", registry=r
         )
@@ -147,6 +167,15 @@ class ControllerMetrics:
             self.mode.labels(m.value).set(1 if m is mode else 0)
 
     def observe_window(self, obs: Observation) -> None:
+        """Observed series belong to the profile that runs: the others' last values are
+        dropped, so that a dashboard never shows a stale rate as current."""
+        for p in self.profiles:
+            if p != obs.profile:
+                with contextlib.suppress(KeyError):
+                    self.observed_tok_s.remove(p)
+        for labels in [k for k in self._accept_labels if k[0] != obs.profile]:
+            self.accept_length.remove(*labels)
+            self._accept_labels.discard(labels)
         rate = obs.output_tok_s
         if rate is not None:
             self.observed_tok_s.labels(obs.profile).set(rate)
@@ -156,6 +185,7 @@ class ControllerMetrics:
             if w.generation_tokens and w.verify_calls:
                 gen = w.generation_tokens - (w.requests or 0.0)
                 self.accept_length.labels(obs.profile, w.workload).set(gen / w.verify_calls)
+                self._accept_labels.add((obs.profile, w.workload))
 
     def set_predictions(self, preds: Iterable[ProfilePrediction]) -> None:
         for p in preds:
@@ -165,6 +195,8 @@ class ControllerMetrics:
                 self.predicted_tok_s.labels(p.profile, "high").set(p.tok_s.high)
             if p.cycle_s is not None:
                 self.cycle_seconds.labels(p.profile).set(p.cycle_s.mean)
+            if p.accept_length is not None:
+                self.predicted_accept_length.labels(p.profile).set(p.accept_length.mean)
             if p.breakeven_accept_length is not None:
                 self.breakeven.labels(p.profile).set(p.breakeven_accept_length)
 
@@ -189,3 +221,10 @@ class ControllerMetrics:
             self.paused.set(0)
             self.pause_expiry.set(0)
         self.blocked.set(1 if state.get("blocked_reason") else 0)
+
+    def set_activity(self, switch_in_flight: bool, trial_profile: str | None) -> None:
+        """What is going on now (refreshed at scrape time)."""
+        self.switch_in_flight.set(1 if switch_in_flight else 0)
+        self.trial.clear()
+        if trial_profile is not None:
+            self.trial.labels(trial_profile).set(1)

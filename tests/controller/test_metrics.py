@@ -1,0 +1,215 @@
+"""specpilot's own metrics: names and units, values after real ticks, switches, rollbacks and
+scrape failures, the dedicated registry, and `promtool check metrics` on the exposition."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.api import create_app
+from controller.metrics import ControllerMetrics
+from tests.controller.ops_support import TOKEN, ProfileModel, Rig, make_rig
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+EXPECTED = {
+    # family (as the parser reports it) -> type
+    "specpilot_current_profile": "gauge",
+    "specpilot_predicted_output_tokens_per_second": "gauge",
+    "specpilot_observed_output_tokens_per_second": "gauge",
+    "specpilot_accept_length": "gauge",
+    "specpilot_predicted_accept_length": "gauge",
+    "specpilot_breakeven_accept_length": "gauge",
+    "specpilot_cycle_seconds": "gauge",
+    "specpilot_batch_size": "gauge",
+    "specpilot_decisions": "counter",
+    "specpilot_switches": "counter",
+    "specpilot_rollbacks": "counter",
+    "specpilot_restart_downtime_seconds": "histogram",
+    "specpilot_mode": "gauge",
+    "specpilot_override_pin": "gauge",
+    "specpilot_override_pin_expiry_timestamp_seconds": "gauge",
+    "specpilot_override_paused": "gauge",
+    "specpilot_override_pause_expiry_timestamp_seconds": "gauge",
+    "specpilot_blocked": "gauge",
+    "specpilot_switch_in_flight": "gauge",
+    "specpilot_trial_running": "gauge",
+    "specpilot_scrape_errors": "counter",
+    "specpilot_target_up": "gauge",
+    "specpilot_tick_duration_seconds": "histogram",
+    "specpilot_findings": "counter",
+}
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    r = await make_rig(tmp_path)
+    yield r
+    await r.close()
+
+
+async def scrape(rig: Rig) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """GET /metrics through the API and index the samples by (name, sorted labels)."""
+    app = create_app(rig.controller, TOKEN)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        r = await c.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain; version=")
+    out = {}
+    for fam in text_string_to_metric_families(r.text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def val(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def test_own_registry() -> None:
+    a = ControllerMetrics(["baseline"])
+    b = ControllerMetrics(["baseline", "eagle3-2step"])  # a second instance does not clash
+    a.scrape_errors.inc()
+    assert b"specpilot_scrape_errors_total 0.0" in b.exposition()
+    assert not [m for m in REGISTRY.collect() if m.name.startswith("specpilot")]
+
+
+def test_names_types_help_and_units() -> None:
+    m = ControllerMetrics(["baseline", "eagle3-2step"])
+    fams = {f.name: f for f in text_string_to_metric_families(m.exposition().decode())}
+    assert set(EXPECTED) <= set(fams)
+    for name, fam in fams.items():
+        assert name.startswith("specpilot_")
+        assert fam.documentation.strip(), f"{name} has no help text"
+        if name in EXPECTED:
+            assert fam.type == EXPECTED[name], name
+        if fam.type == "counter":
+            assert all(s.name.endswith(("_total", "_created")) for s in fam.samples), name
+        # Base units: seconds, never milliseconds or minutes.
+        assert not any(u in name for u in ("_ms", "millisecond", "_minutes", "_hours")), name
+
+
+async def test_values_after_ticks(rig: Rig) -> None:
+    await rig.ticks(12)
+    s = await scrape(rig)
+    assert val(s, "specpilot_current_profile", profile="baseline") == 1
+    assert val(s, "specpilot_current_profile", profile="eagle3-2step") == 0
+    assert val(s, "specpilot_target_up") == 1
+    assert val(s, "specpilot_observed_output_tokens_per_second", profile="baseline") == (
+        pytest.approx(8 / 0.030, rel=1e-6)
+    )
+    assert val(s, "specpilot_batch_size") == 8
+    assert val(s, "specpilot_cycle_seconds", profile="baseline") == pytest.approx(0.030, rel=0.01)
+    mean = val(s, "specpilot_predicted_output_tokens_per_second", profile="baseline", bound="mean")
+    low = val(s, "specpilot_predicted_output_tokens_per_second", profile="baseline", bound="low")
+    high = val(s, "specpilot_predicted_output_tokens_per_second", profile="baseline", bound="high")
+    assert low is not None and mean is not None and high is not None
+    assert low <= mean <= high
+    assert mean == pytest.approx(8 / 0.030, rel=0.05)
+    # Speculative profiles get a break-even accept length and a predicted accept length.
+    preds = {p.profile: p for p in rig.controller.predictions}
+    for p in ("eagle3-2step", "eagle3-5step"):
+        be = preds[p].breakeven_accept_length
+        if be is not None:
+            assert val(s, "specpilot_breakeven_accept_length", profile=p) == pytest.approx(be)
+        acc = preds[p].accept_length
+        if acc is not None:
+            assert val(s, "specpilot_predicted_accept_length", profile=p) == pytest.approx(acc.mean)
+    assert val(s, "specpilot_tick_duration_seconds_count") == 12
+    decisions = sum(v for (n, _), v in s.items() if n == "specpilot_decisions_total")
+    assert decisions == 13  # the start + one per tick
+    assert val(s, "specpilot_mode", mode="active") == 1
+    assert val(s, "specpilot_switch_in_flight") == 0
+    assert val(s, "specpilot_override_paused") == 0
+
+
+async def test_switches_rollbacks_and_scrape_errors(rig: Rig) -> None:
+    rig.server.models["eagle3-5step"] = ProfileModel(step_s=0.070, accept_length=1.2)
+    rig.controller.pin("eagle3-2step", 600, "test", "me")
+    await rig.ticks(4)
+    s = await scrape(rig)
+    assert rig.controller.running == "eagle3-2step"
+    assert val(s, "specpilot_switches_total", reason="switch_pinned", outcome="ok") == 1
+    assert val(s, "specpilot_switches_total", reason="switch_manual", outcome="ok") == 1  # start
+    assert val(s, "specpilot_restart_downtime_seconds_count") == 2  # the start was 0 s
+    assert val(s, "specpilot_restart_downtime_seconds_sum") == pytest.approx(60.0)
+    assert val(s, "specpilot_current_profile", profile="eagle3-2step") == 1
+    assert val(s, "specpilot_current_profile", profile="baseline") == 0
+    assert val(s, "specpilot_override_pin", profile="eagle3-2step") == 1
+    assert val(s, "specpilot_override_pin_expiry_timestamp_seconds") == pytest.approx(
+        rig.controller.overrides.pin_until_s
+    )
+    # Observed series are the running profile's only: no stale baseline rate.
+    assert val(s, "specpilot_observed_output_tokens_per_second", profile="baseline") is None
+    assert val(s, "specpilot_observed_output_tokens_per_second", profile="eagle3-2step") == (
+        pytest.approx(8 * 2.2 / 0.040, rel=1e-6)
+    )
+    assert val(s, "specpilot_accept_length", profile="eagle3-2step", workload="chat") == (
+        pytest.approx(2.2, rel=0.01)
+    )
+
+    rig.server.fail_scrapes = True
+    await rig.ticks(2)
+    s = await scrape(rig)
+    assert val(s, "specpilot_scrape_errors_total") == 2
+    assert val(s, "specpilot_target_up") == 0
+    rig.server.fail_scrapes = False
+
+    # A trial aborted by a person is a rollback.
+    rig.controller.unpin("", "me")
+    for _ in range(300):
+        await rig.ticks(1)
+        if rig.controller.state is not None and rig.controller.state.trial is not None:
+            break
+    trial = rig.controller.state.trial if rig.controller.state else None
+    assert trial is not None, "no trial started"
+    s = await scrape(rig)
+    assert val(s, "specpilot_trial_running", profile=str(trial["profile"])) == 1
+    assert rig.controller.abort_trial("test", "me")
+    assert rig.controller._manual is not None
+    await rig.controller._manual
+    s = await scrape(rig)
+    assert val(s, "specpilot_rollbacks_total", reason="rollback_trial_failed") == 1
+    assert val(s, "specpilot_trial_running", profile=str(trial["profile"])) is None
+
+
+async def test_switch_in_flight_gauge(rig: Rig) -> None:
+    rig.actuator.hold = asyncio.Event()
+    rig.controller.start_manual_switch("eagle3-5step", "", "me")
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert val(await scrape(rig), "specpilot_switch_in_flight") == 1
+    rig.actuator.hold.set()
+    assert rig.controller._manual is not None
+    await rig.controller._manual
+    assert val(await scrape(rig), "specpilot_switch_in_flight") == 0
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (tools/test-deps.sh installs Debian's)"
+)
+async def test_promtool_check_metrics(rig: Rig) -> None:
+    rig.server.models["eagle3-5step"] = ProfileModel(step_s=0.070, accept_length=1.2)
+    rig.controller.pin("eagle3-2step", 600, "test", "me")
+    rig.controller.pause(600, "test", "me")
+    await rig.ticks(30)
+    app = create_app(rig.controller, TOKEN)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        text = (await c.get("/metrics")).text
+    assert "specpilot_switches_total{" in text  # labelled series are present, not just HELP
+    assert PROMTOOL is not None
+    r = subprocess.run(
+        [PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0, f"promtool:\n{r.stdout}{r.stderr}"
+    assert r.stdout.strip() == "" and r.stderr.strip() == "", r.stdout + r.stderr
