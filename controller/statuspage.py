@@ -71,14 +71,14 @@ def chart_svg(
         f'aria-label="observed output tokens per second over time" '
         f'xmlns="http://www.w3.org/2000/svg" font-size="11">'
     ]
-    # One band per run of observations on the same profile.
+    # One band per run of observations on the same profile, from the start of its first
+    # window to the end of its last: the downtime of a switch stays blank.
     start = 0
     for i in range(1, len(pts) + 1):
         if i == len(pts) or pts[i]["profile"] != pts[start]["profile"]:
             prof = str(pts[start]["profile"])
-            x0 = x(float(pts[start]["t_s"]) - float(pts[start].get("window_s") or 0.0))
-            x1 = x(float(pts[min(i, len(pts) - 1)]["t_s"]))
-            x0 = max(x0, left)
+            x0 = max(x(float(pts[start]["t_s"]) - float(pts[start].get("window_s") or 0.0)), left)
+            x1 = x(float(pts[i - 1]["t_s"]))
             parts.append(
                 f'<rect x="{x0:.1f}" y="{top_pad}" width="{max(x1 - x0, 1):.1f}" '
                 f'height="{plot_h}" fill="{colours.get(prof, "#ccc")}" opacity="0.18">'
@@ -102,8 +102,11 @@ def chart_svg(
                 f"{escape(str(s['to_profile']))}: {escape(str(s['reason']))} "
                 f"({escape(str(s.get('outcome') or 'in flight'))})</title></line>"
             )
-    line = " ".join(f"{x(float(o['t_s'])):.1f},{y(float(o['output_tok_s'])):.1f}" for o in pts)
-    parts.append(f'<polyline fill="none" stroke="#222" stroke-width="1.5" points="{line}"/>')
+    # The line breaks where polls are missing (a restart, a failed scrape) or the profile
+    # changes, rather than drawing a rate nobody measured.
+    for seg in _segments(pts):
+        line = " ".join(f"{x(float(o['t_s'])):.1f},{y(float(o['output_tok_s'])):.1f}" for o in seg)
+        parts.append(f'<polyline fill="none" stroke="#222" stroke-width="1.5" points="{line}"/>')
     parts.append(
         f'<text x="{left}" y="{height - 20}">{_hm(t0)} UTC</text>'
         f'<text x="{width - right}" y="{height - 20}" text-anchor="end">{_hm(t1)} UTC</text>'
@@ -121,6 +124,21 @@ def chart_svg(
     )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _segments(pts: Sequence[Row]) -> list[list[Row]]:
+    """Runs of points on one profile without a gap longer than 2.5 windows."""
+    segs: list[list[Row]] = []
+    for o in pts:
+        if segs:
+            prev = segs[-1][-1]
+            gap = float(o["t_s"]) - float(prev["t_s"])
+            limit = 2.5 * float(o.get("window_s") or prev.get("window_s") or gap)
+            if o["profile"] == prev["profile"] and gap <= limit:
+                segs[-1].append(o)
+                continue
+        segs.append([o])
+    return segs
 
 
 def _breakeven_line(st: Mapping[str, Any]) -> str:
@@ -148,7 +166,7 @@ def _breakeven_line(st: Mapping[str, Any]) -> str:
             f"{escape(e['profile'])} <b>{_fmt(e['breakeven_accept_length'])}</b>" for e in spec
         )
         return f"Accept length needed to match baseline{at}: {items}"
-    return "No break-even yet (needs a cycle-time estimate)."
+    return "No break-even yet: it needs baseline and cycle-time estimates at this batch size."
 
 
 def render_status_page(
