@@ -22,6 +22,7 @@ from simulator.engine import StepEngine
 from simulator.model import (
     SimProfile,
     SpecConfig,
+    builtin_profiles,
     builtin_workloads,
     expected_accept_length,
     load_profile,
@@ -250,9 +251,12 @@ def main(
     console.print(s)
 
     wls = builtin_workloads()
-    for name in (TUNED, UNTUNED, LATER):
+    # Every built-in profile: the field's (calibrated) next to the measured H200 ones.
+    for name in builtin_profiles():
         prof = load_profile(name)
-        b = Table(title=f"{name}: break-even accept length (drafts + bonus) per batch size")
+        b = Table(
+            title=f"{name} ({prof.kind}): break-even accept length (drafts + bonus) per batch size"
+        )
         for col in ("B", "baseline tok/s", "2-step", "5-step"):
             b.add_column(col)
         for r in break_even_rows(prof):
