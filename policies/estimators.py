@@ -67,6 +67,15 @@ MIN_MIX_SHARE = 0.02
 # every window would cost more than all the other work of a tick.
 REFIT_FRACTION = 0.05
 
+# FIELD.md: the draft model is under 5% of the cycle (profiled); the upper end of one never-run
+# profile's draft steps when cycle times cannot separate them from the verify forward.
+DRAFT_SHARE_MAX = 0.05
+
+# Relative ~90% error of reading one profile's cycle off another's at equal tokens per forward:
+# per-token costs (weights, experts, compute) carry over, launch and attention overheads do not
+# exactly; the simulator's MoE and dense profiles stay within ~2% after the per-sequence term.
+TOKEN_EQUIVALENCE_REL_ERR = 0.05
+
 # A cross prediction is split per workload only when the workloads with their own estimates
 # carry at least this share of the profile's verify steps (the rest would bias the split).
 MIN_SPLIT_COVERAGE = 0.9
@@ -463,9 +472,11 @@ class CycleTimeSurface:
             lin = y0 + w * (y1 - y0)
             wl = math.log(batch / b0) / math.log(b1 / b0)
             logi = y0 + wl * (y1 - y0)
-            half = abs(logi - lin) / 2.0
+            # Concave (saturating experts) lies above the chord, towards the log-B shape; convex
+            # (a roofline turning compute-bound) below it, as far again: centred on the chord.
+            half = abs(logi - lin)
             var = (1 - w) ** 2 * v0 + w * w * v1 + (half / Z90) ** 2
-            return (lin + logi) / 2.0, var, "interpolated"
+            return lin, var, "interpolated"
         side = lower if lower else upper
         end = side[-1] if lower else side[0]
         b0, y0, v0, _ = end
@@ -482,8 +493,18 @@ class CycleTimeSurface:
             half = (hi - lo) / 2.0
             return (lo + hi) / 2.0, v0 + (half / Z90) ** 2, "extrapolated"
         slope, svar = slope_var
+        # Beyond the data the curve may saturate (flat) or keep the end secant's growth: half of
+        # that span is model uncertainty, on top of the sampling error and the model floor;
+        # not where the profile's own steps (within its windows) covered this batch size.
         extra = SURFACE_REL_ERR_FLOOR * slope * abs(d) / Z90
-        return y0 + slope * d, v0 + svar * d * d + extra * extra, "extrapolated"
+        st = self.stats[profile]
+        covered = (
+            len(side) < 2
+            and st.own_slope() is not None
+            and abs(batch - st.bbar) <= 2.0 * math.sqrt(st.var_b)
+        )
+        shape = 0.0 if covered else slope * abs(d) / 2.0 / Z90
+        return y0 + slope * d, v0 + svar * d * d + extra * extra + shape * shape, "extrapolated"
 
     def _line_predict(self, profile: str, batch: float) -> tuple[float, float] | None:
         """(mean, variance) from the profile's line over all its windows; None below the
@@ -536,10 +557,90 @@ class CycleTimeSurface:
             return _est(mean, Z90 * math.sqrt(var), mean * 1e-3, math.inf, st.s0)
         return self._surface_predict(profile, batch)
 
+    def _token_equivalent(self, profile: str, batch: float) -> Estimate | None:
+        """A never-run speculative profile q read off a run one p at the same tokens per
+        forward: a forward's cost is mostly a function of the tokens it processes (weights and
+        routed experts streamed, compute per token), so T_q(B) ~ T_p(r B) with r = n_q / n_p,
+        corrected for what scales per sequence or per draft step:
+
+            T_q(B) = T_p(r B) + (n_q - n_p) d0 + (r - 1) B beta / (n_p - 1)
+
+        beta is the slope in B of T_p(B) - T_base(n_p B) (per-sequence costs: KV reads, draft
+        per sequence), fitted where the baseline served n_p B; d0 (one draft step's fixed cost)
+        is not identified by cycle times and is taken uniform on [0, DRAFT_SHARE_MAX x T_p / g_p]
+        (FIELD.md: the draft model is under 5% of the cycle). None without a run speculative
+        profile and the baseline."""
+        q = self.specs[profile]
+        nq = int(q.draft_tokens)
+        donors = [
+            sp
+            for name, sp in self.specs.items()
+            if name != profile
+            and sp.speculative
+            and not sp.adaptive
+            and sp.draft_tokens > 1
+            and self._points(name)
+        ]
+        if nq <= 1 or not donors:
+            return None
+        p = min(donors, key=lambda sp: (abs(sp.draft_tokens - nq), -sp.draft_tokens))
+        np_ = int(p.draft_tokens)
+        r = nq / np_
+        own = self._own_predict(p.name, r * batch)
+        if own is None:
+            return None
+        t_p, var_p, how = own
+        # beta from the baseline where it served n_p B (its bucket or between two of its own).
+        base = next(
+            (n for n, sp in self.specs.items() if not sp.speculative and self._points(n)), None
+        )
+        if base is None:
+            return None  # per-sequence and verify costs are unidentified without a baseline
+        beta = beta_var = None
+        if base is not None:
+            xs, ys, ws = [], [], []
+            for b, y, v, _ in self._points(p.name):
+                ob = self._own_predict(base, np_ * b)
+                if ob is None or ob[2] not in ("bucket", "interpolated"):
+                    continue
+                xs.append(b)
+                ys.append(y - ob[0])
+                ws.append(1.0 / max(v + ob[1], _TINY))
+            if len(xs) >= 2 and max(xs) - min(xs) > MIN_BATCH_SD_FOR_SLOPE:
+                x, yv, w = np.asarray(xs), np.asarray(ys), np.asarray(ws)
+                xm = float(np.average(x, weights=w))
+                sxx = float(np.sum(w * (x - xm) ** 2))
+                beta = float(np.sum(w * (x - xm) * (yv - np.average(yv, weights=w)))) / sxx
+                resid = yv - (np.average(yv, weights=w) + beta * (x - xm))
+                # The scatter around the line says how well one slope describes it.
+                s2 = float(np.sum(w * resid**2)) / max(len(xs) - 2, 1) if len(xs) > 2 else 1.0
+                beta_var = max(s2, 1.0) / sxx
+        g_p = max(p.num_steps, 1)
+        d0_max = DRAFT_SHARE_MAX * t_p / g_p
+        mean = t_p + (nq - np_) * d0_max / 2.0
+        var = var_p + ((nq - np_) * d0_max) ** 2 / 12.0
+        corr_scale = (r - 1.0) * batch / (np_ - 1)
+        if beta is not None and beta_var is not None:
+            mean += corr_scale * beta
+            var += corr_scale**2 * beta_var
+        else:
+            # Per-sequence costs unknown: as large as the draft share again, either sign.
+            var += (DRAFT_SHARE_MAX * t_p / Z90) ** 2
+        # The equivalence itself is a model: attention and launch costs do not scale with tokens.
+        floor = TOKEN_EQUIVALENCE_REL_ERR * mean / Z90
+        var += floor * floor
+        if how == "extrapolated":
+            var += (SURFACE_REL_ERR_FLOOR * mean / Z90) ** 2
+        if mean <= 0:
+            return None
+        return _est(mean, Z90 * math.sqrt(var), mean * 1e-3, math.inf, 0.0)
+
     def _surface_predict(self, profile: str, batch: float) -> Estimate | None:
         spec = self.specs[profile]
         if spec.adaptive:
             return None  # its tier moves with B: no single n to put on the surface
+        if spec.draft_tokens > 1 and (te := self._token_equivalent(profile, batch)) is not None:
+            return te
         fit = self.surface()
         if fit is None:
             return None
@@ -821,10 +922,15 @@ class AcceptLength:
             return ref.mean * exp_v / cov_v
         return agg
 
-    def discount(self, profile: str, factor: float) -> None:
-        """Keep only `factor` of a profile's accept evidence (a detected change, a new boot)."""
+    def discount(self, profile: str, factor: float, workload: str | None = None) -> None:
+        """Keep only `factor` of a profile's accept evidence (a detected change, a new boot).
+        With `workload`, only that workload's (a change detected in its own accept length)
+        plus the evidence pooled over workloads (the aggregate and the histogram hold it too);
+        the other workloads' levels did not move and keep their data."""
         f = min(max(factor, 0.0), 1.0)
-        for st in self.ratios[profile].values():
+        for w, st in self.ratios[profile].items():
+            if workload is not None and w not in (workload, AGGREGATE):
+                continue
             st.scale(f)
             st.count = 0
         hs = self.hists[profile]
