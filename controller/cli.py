@@ -711,6 +711,37 @@ def scrape(
         console.print(out)
 
 
+# --------------------------------------------------------------------------------- benchmarks
+def _register_benchmarks() -> None:
+    """Benchmark commands live with their code; imported lazily so `specpilot status` stays fast."""
+    from controller.bench.cli import bench as bench_cmd
+    from controller.estimator_bench import bench_estimators_cmd
+
+    app.command("bench", help="Replay scenarios in virtual time: specpilot vs peers and oracles.")(
+        bench_cmd
+    )
+    app.command(
+        "bench-estimators",
+        help="Measure the estimators against the simulator's ground truth (issue targets).",
+    )(bench_estimators_cmd)
+
+
+@app.command("sim-calibrate")
+def sim_calibrate(
+    seconds: Annotated[
+        float, typer.Option(help="Simulated seconds per profile and config.")
+    ] = 600.0,
+    seed: int = 0,
+) -> None:
+    """Print each built-in simulator profile next to FIELD.md's numbers (exit 1 if off by >5%)."""
+    from simulator.calibrate import main as calibrate_main
+
+    calibrate_main(seconds=seconds, seed=seed)
+
+
+_register_benchmarks()
+
+
 def main() -> None:
     app()
 
