@@ -37,7 +37,9 @@ def _eagle(steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-def make_settings(tmp_path: Path, *, token: str = TOKEN, mode: str = "active") -> Settings:
+def make_settings(
+    tmp_path: Path, *, token: str = TOKEN, mode: str = "active", initial: str = "baseline"
+) -> Settings:
     return settings_from_dict(
         {
             "controller": {
@@ -46,7 +48,7 @@ def make_settings(tmp_path: Path, *, token: str = TOKEN, mode: str = "active") -
                 "database": str(tmp_path / "specpilot.db"),
             },
             "api": {"host": "127.0.0.1", "port": 0, "token": token},
-            "server": {"actuator": "process", "port": 30999, "initial_profile": "baseline"},
+            "server": {"actuator": "process", "port": 30999, "initial_profile": initial},
             "profiles": {
                 "baseline": {"flags": [], "description": "no speculation"},
                 "eagle3-2step": {"flags": _eagle(2), "env": {"NCCL_PROTO": "LL"}},
@@ -258,6 +260,23 @@ async def make_rig(
     )
     await controller.startup()
     return Rig(controller, server, actuator, clock, store, client)
+
+
+async def tick_until_trial(rig: Rig, max_ticks: int = 200) -> dict[str, Any]:
+    """Both profiles measured (baseline, then 2-step under a pin), then 2-step's acceptance
+    collapses: the policy switches back to baseline on a predicted gain, which starts a trial.
+    Returns the trial (the policy's own dict)."""
+    c = rig.controller
+    await rig.ticks(40)
+    c.pin("eagle3-2step", None, "measure 2-step", "test")
+    await rig.ticks(40)
+    c.unpin("", "test")
+    rig.server.models["eagle3-2step"] = ProfileModel(step_s=0.040, accept_length=1.05)
+    for _ in range(max_ticks):
+        await rig.ticks(1)
+        if c.state is not None and c.state.trial is not None:
+            return dict(c.state.trial)
+    raise AssertionError(f"no trial started within {max_ticks} ticks of the collapse")
 
 
 class LiveDaemon:

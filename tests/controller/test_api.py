@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.api import create_app
-from tests.controller.ops_support import TOKEN, ProfileModel, Rig, make_rig, make_settings
+from tests.controller.ops_support import TOKEN, Rig, make_rig, make_settings, tick_until_trial
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -295,20 +295,8 @@ async def test_switch_in_flight_is_409(rig: Rig, api: httpx.AsyncClient) -> None
     assert rig.store.overrides_history()[0]["reason"] == "try it"
 
 
-async def _tick_until_trial(rig: Rig) -> dict[str, Any]:
-    # Speculation that does not pay: the policy explores a speculative profile, sees it lose
-    # and switches back on predicted gain, which starts a trial.
-    rig.server.models["eagle3-2step"] = ProfileModel(step_s=0.040, accept_length=1.05)
-    rig.server.models["eagle3-5step"] = ProfileModel(step_s=0.070, accept_length=1.2)
-    for _ in range(200):
-        await rig.ticks(1)
-        if rig.controller.state is not None and rig.controller.state.trial is not None:
-            return rig.controller.state.trial
-    raise AssertionError("no trial started in 200 ticks")
-
-
 async def test_trial_abort_while_switching_is_409(rig: Rig, api: httpx.AsyncClient) -> None:
-    trial = await _tick_until_trial(rig)
+    trial = await tick_until_trial(rig)
     rig.actuator.hold = asyncio.Event()
     r = await api.post("/v1/switch", json={"profile": trial["from"]}, headers=AUTH)
     assert r.status_code == 202
@@ -324,7 +312,7 @@ async def test_trial_abort_while_switching_is_409(rig: Rig, api: httpx.AsyncClie
 
 
 async def test_trial_abort_rolls_back(rig: Rig, api: httpx.AsyncClient) -> None:
-    trial = await _tick_until_trial(rig)
+    trial = await tick_until_trial(rig)
     st_ = (await api.get("/v1/status")).json()
     assert st_["trial"]["profile"] == trial["profile"] == rig.controller.running
     assert st_["trial"]["from_profile"] == trial["from"]

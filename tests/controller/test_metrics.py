@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller.api import create_app
 from controller.metrics import ControllerMetrics
-from tests.controller.ops_support import TOKEN, ProfileModel, Rig, make_rig
+from tests.controller.ops_support import TOKEN, ProfileModel, Rig, make_rig, tick_until_trial
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 EXPECTED = {
@@ -162,22 +162,18 @@ async def test_switches_rollbacks_and_scrape_errors(rig: Rig) -> None:
     assert val(s, "specpilot_target_up") == 0
     rig.server.fail_scrapes = False
 
-    # A trial aborted by a person is a rollback.
-    rig.controller.unpin("", "me")
-    for _ in range(300):
-        await rig.ticks(1)
-        if rig.controller.state is not None and rig.controller.state.trial is not None:
-            break
-    trial = rig.controller.state.trial if rig.controller.state else None
-    assert trial is not None, "no trial started"
+
+async def test_trial_and_rollback_series(rig: Rig) -> None:
+    trial = await tick_until_trial(rig)
     s = await scrape(rig)
     assert val(s, "specpilot_trial_running", profile=str(trial["profile"])) == 1
-    assert rig.controller.abort_trial("test", "me")
+    assert rig.controller.abort_trial("test", "me")  # a person judges it failed: a rollback
     assert rig.controller._manual is not None
     await rig.controller._manual
     s = await scrape(rig)
     assert val(s, "specpilot_rollbacks_total", reason="rollback_trial_failed") == 1
     assert val(s, "specpilot_trial_running", profile=str(trial["profile"])) is None
+    assert val(s, "specpilot_current_profile", profile=str(trial["from"])) == 1
 
 
 async def test_switch_in_flight_gauge(rig: Rig) -> None:
@@ -213,3 +209,74 @@ async def test_promtool_check_metrics(rig: Rig) -> None:
     )
     assert r.returncode == 0, f"promtool:\n{r.stdout}{r.stderr}"
     assert r.stdout.strip() == "" and r.stderr.strip() == "", r.stdout + r.stderr
+
+
+# --------------------------------------------------------------------------------- Grafana
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "specpilot.json"
+
+
+def dashboard_exprs() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target, with Grafana's variables filled in."""
+    import json
+
+    dash = json.loads(DASHBOARD.read_text())
+    out = []
+    for p in dash["panels"]:
+        for t in p["targets"]:
+            expr = t["expr"].replace("$__rate_interval", "1m").replace("$job", ".*")
+            out.append((p["title"], expr))
+    for a in dash["annotations"]["list"]:
+        if "expr" in a:
+            out.append((a["name"], a["expr"].replace("$job", ".*")))
+    return out
+
+
+def test_grafana_dashboard_uses_our_series() -> None:
+    import json
+    import re
+
+    dash = json.loads(DASHBOARD.read_text())
+    titles = [p["title"] for p in dash["panels"]]
+    for needed in ("Profile timeline", "predicted vs observed", "Accept length vs break-even"):
+        assert any(needed in t for t in titles), titles
+    assert any("Switches" in t for t in titles)
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    exposed = {
+        f.name + suffix
+        for f in text_string_to_metric_families(
+            ControllerMetrics(["baseline"]).exposition().decode()
+        )
+        for suffix in suffixes.get(f.type, ("",))
+    }
+    for title, expr in dashboard_exprs():
+        for name in re.findall(r"\bspecpilot_[a-z_]+", expr):
+            assert name in exposed, f"{title}: {name} is not a specpilot series"
+
+
+@pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (tools/test-deps.sh installs Debian's)"
+)
+def test_grafana_dashboard_promql_is_valid(tmp_path: Path) -> None:
+    import json
+
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"specpilot:dashboard_{i}", "expr": expr}
+                    for i, (_, expr) in enumerate(dashboard_exprs())
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "rules.yml"
+    path.write_text(json.dumps(rules))  # JSON is YAML
+    assert PROMTOOL is not None
+    r = subprocess.run(
+        [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0, r.stdout + r.stderr

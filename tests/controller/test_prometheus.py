@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.controller.ops_support import LiveDaemon
+from tests.controller.test_metrics import dashboard_exprs
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
@@ -87,6 +88,10 @@ def test_prometheus_scrapes_the_daemon(tmp_path: Path) -> None:
                     time.sleep(0.25)
                 r = client.get(f"{base}/api/v1/label/__name__/values", timeout=5)
                 names = set(r.json()["data"])
+                # Every query of the Grafana dashboard runs; the main panels have data.
+                panels: dict[str, int] = {}
+                for title, expr in dashboard_exprs():
+                    panels[title] = panels.get(title, 0) + len(_query(client, base, expr))
         finally:
             proc.terminate()
             try:
@@ -107,6 +112,8 @@ def test_prometheus_scrapes_the_daemon(tmp_path: Path) -> None:
         assert predicted["baseline"] == pytest.approx(8 / 0.030, rel=0.05)
         assert float(found["ticks"][0]["value"][1]) >= 1
         assert float(found["target_up"][0]["value"][1]) == 1
+        for title in ("Profile timeline", "Output tok/s: predicted vs observed"):
+            assert panels[title] > 0, panels
         spec = {n for n in names if n.startswith("specpilot_")}
         for n in (
             "specpilot_switches_total",
