@@ -3,10 +3,10 @@ a rolling switch, and the count of failed client requests.
 
 Owns the demo's script: settings equivalent to the shipped config.toml with a [fleet] table on
 free ports (`fleet_sim_settings`, also used by the tests), the FleetController driving the
-replicas, a closed-loop LoadGenerator pointed at the router's URL, two phases (a few streams per
-replica, where 2-step speculation pays; then many, where it does not), a live rich table, and a
+replicas, a closed-loop LoadGenerator pointed at the router's URL, two phases of chat traffic (one
+stream per replica, where speculation pays; then many, where it does not), a live rich table, and a
 summary (tokens, canaries and their verdicts, replica cycles, failed requests). When the policy
-has not asked for a canary by the first phase's middle, the demo asks for one itself (as an
+has not asked for a canary by a quarter of the first phase, the demo asks for one itself (as an
 operator would), so that every run shows a canary and a rolling switch. Nothing demo-specific
 inside the controller.
 """
@@ -182,7 +182,7 @@ async def _demo(replicas: int, duration_s: float, speed: float, console: Console
     clock = ScaledClock(speed)
     total_sim_s = duration_s * speed
     phases = [
-        Phase("2 streams per replica", 0.0, 2),
+        Phase("1 stream per replica", 0.0, 1),
         Phase("24 streams per replica", total_sim_s * 0.6, 24),
     ]
     console.print(
@@ -199,7 +199,9 @@ async def _demo(replicas: int, duration_s: float, speed: float, console: Console
             await ctl.shutdown()
             return 1
         load = LoadGenerator(
-            fleet.router.base_url, concurrency=phases[0].streams_per_replica * replicas
+            fleet.router.base_url,
+            concurrency=phases[0].streams_per_replica * replicas,
+            mix={"chat": 1.0},
         )
         stop = asyncio.Event()
         t0 = clock.monotonic()

@@ -1,0 +1,253 @@
+"""Fleet mode against the real `sglang-router` binary and simulator replicas (pip extra `fleet`).
+
+Worker registration, a rolling switch under load with no failed request (the router's own
+retries turned off, so that they cannot hide a failure; a naive restart without leaving the
+router is shown to fail requests under the same conditions), a canary rolled back when the
+candidate is worse, and a router that is down (a switch waits and touches nothing; once a
+router answers again every replica is registered and the switch completes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip extra 'fleet')")
+
+from controller.clock import ScaledClock
+from controller.fleet.actuator import FleetActuator
+from controller.fleet.controller import FleetController
+from controller.fleet.demo import fleet_sim_settings
+from controller.fleet.router import RouterClient, free_port, router_argv
+from controller.fleet.settings import RouterSettings
+from simulator.load import LoadGenerator
+
+SPEED = 100.0
+RESTART_S = 30.0  # simulated seconds per restart: 0.3 s real at 100x
+EAGLE2 = [
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-draft-model-path",
+    "lightseekorg/kimi-k2.5-eagle3",
+    "--speculative-num-steps",
+    "2",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "3",
+]
+
+
+def _settings(tmp_path: Path, replicas: int, **kw: Any) -> Any:
+    return fleet_sim_settings(
+        replicas=replicas, speed=SPEED, workdir=tmp_path, restart_s=RESTART_S, **kw
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_fleet(
+    tmp_path: Path, replicas: int = 3, **kw: Any
+) -> AsyncIterator[tuple[FleetActuator, httpx.AsyncClient]]:
+    settings, fleet = _settings(tmp_path, replicas, **kw)
+    clock = ScaledClock(SPEED)
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+        act = FleetActuator(settings, fleet, clock, client)
+        try:
+            res = await act.start("baseline")
+            assert res.ok, res.error
+            yield act, client
+        finally:
+            await act.shutdown()
+            for r in act.replicas:
+                assert r.actuator._child_pid() is None, f"{r.name} still runs"
+
+
+def _launch_router(port: int, log: Path) -> subprocess.Popen[bytes]:
+    rs = RouterSettings(port=port)
+    argv = router_argv(rs, [], free_port())
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+async def test_replicas_register_with_the_router(tmp_path: Path) -> None:
+    async with running_fleet(tmp_path, replicas=2) as (act, _client):
+        workers = await act.router.workers()
+        assert sorted(w.url for w in workers) == sorted(r.url for r in act.replicas)
+        assert all(w.healthy for w in workers)
+        probe = await act.probe()
+        assert probe.up and probe.profile == "baseline"
+        assert await act.alive()
+        # Requests through the router reach the replicas.
+        stats = await LoadGenerator(act.router.base_url, concurrency=2, max_new_tokens=16).run(1.0)
+        assert stats.ok > 0 and stats.failed == 0
+        router_pid = act.router_proc.pid if act.router_proc else None
+        assert router_pid is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(router_pid, 0)  # the router specpilot launched is gone with it
+
+
+async def _max_out(act: FleetActuator, stop: asyncio.Event, seen: list[int]) -> None:
+    """Largest number of replicas missing from the router's healthy list, sampled."""
+    n = len(act.replicas)
+    while not stop.is_set():
+        with contextlib.suppress(Exception):
+            healthy = [w for w in await act.router.workers() if w.healthy]
+            seen.append(n - len(healthy))
+        await asyncio.sleep(0.01)
+
+
+async def test_rolling_switch_under_load_fails_no_request(tmp_path: Path) -> None:
+    async with running_fleet(tmp_path, replicas=3, router_extra_args=["--disable-retries"]) as (
+        act,
+        _client,
+    ):
+        assert act.fleet.max_unavailable() == 1
+        load = LoadGenerator(act.router.base_url, concurrency=6, mix={"chat": 1.0})
+        task = asyncio.create_task(load.run())
+        stop, seen = asyncio.Event(), []  # type: ignore[var-annotated]
+        watch = asyncio.create_task(_max_out(act, stop, seen))
+        await asyncio.sleep(1.0)
+        before = load.stats.ok
+        res = await act.rolling_switch("eagle3-2step")
+        await asyncio.sleep(0.5)
+        stop.set()
+        await load.stop()
+        stats = await task
+        await watch
+        assert res.ok, res.error
+        assert stats.failed == 0, stats.last_error
+        assert stats.ok > before > 0
+        assert [r.profile for r in act.replicas] == ["eagle3-2step"] * 3
+        cycles = act.log.cycles
+        assert len(cycles) == 3 and all(c.outcome == "ok" for c in cycles)
+        assert max(seen) <= 1, f"more than one replica out at once: {max(seen)}"
+        assert all(w.healthy for w in await act.router.workers())
+        assert len(await act.router.workers()) == 3
+
+
+async def test_restart_without_leaving_the_router_fails_requests(tmp_path: Path) -> None:
+    """The control: the same load and router, but a replica restarted in place (no removal from
+    the router first) makes clients see failures. Shows the test above can fail."""
+    async with running_fleet(tmp_path, replicas=2, router_extra_args=["--disable-retries"]) as (
+        act,
+        _client,
+    ):
+        load = LoadGenerator(act.router.base_url, concurrency=6, mix={"chat": 1.0})
+        task = asyncio.create_task(load.run())
+        await asyncio.sleep(1.0)
+        res = await act.replicas[0].actuator.switch("eagle3-2step")
+        await asyncio.sleep(0.5)
+        await load.stop()
+        stats = await task
+        assert res.ok, res.error
+        assert stats.failed > 0
+
+
+async def test_canary_of_a_worse_profile_is_rolled_back(tmp_path: Path) -> None:
+    profiles = {
+        "baseline": {"flags": []},
+        # Same drafter, but verification five times as expensive: clearly worse.
+        "eagle3-2step-slow": {"flags": [*EAGLE2, "--sim-cost-scale", "verify=5"]},
+    }
+    settings, fleet = _settings(
+        tmp_path,
+        3,
+        profiles=profiles,
+        poll_interval_s=10.0,
+        fleet_overrides={"canary": {"min_windows": 4, "max_windows": 12}},
+    )
+    clock = ScaledClock(SPEED)
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+        ctl = FleetController(settings, fleet, clock=clock, client=client)
+        try:
+            await ctl.startup()
+            load = LoadGenerator(fleet.router.base_url, concurrency=6, mix={"chat": 1.0})
+            task = asyncio.create_task(load.run())
+            ctl.request_canary("eagle3-2step-slow")
+            deadline = time.monotonic() + 60
+            while not ctl.record.canaries and time.monotonic() < deadline:
+                await ctl.tick()
+                await asyncio.sleep(0.1)
+            await load.stop()
+            stats = await task
+        finally:
+            await ctl.shutdown()
+    assert ctl.record.canaries, "no verdict within 60 s"
+    rec = ctl.record.canaries[0]
+    assert rec.outcome == "rolled_back", rec
+    assert rec.verdict is not None and rec.verdict.why == "worse", rec.verdict.summary()
+    assert rec.verdict.ratio is not None and rec.verdict.ratio < 0.9
+    assert ctl.running == "baseline"
+    assert [r.profile for r in ctl.actuator.replicas] == ["baseline"] * 3
+    assert "eagle3-2step-slow" in ctl.rejected
+    assert stats.failed == 0, stats.last_error
+    # The policy backs the candidate off like a failed start.
+    assert ctl.state is not None and "eagle3-2step-slow" in ctl.state.failed
+
+
+async def test_router_down_switch_waits_and_loses_nothing(tmp_path: Path) -> None:
+    port = free_port()
+    router = _launch_router(port, tmp_path / "ext-router.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as probe_client:
+            assert await RouterClient(probe_client, url, ScaledClock(1.0)).wait_alive(30.0)
+        async with running_fleet(tmp_path, replicas=2, router_url=url) as (act, _client):
+            assert len(await act.router.workers()) == 2
+            _kill(router)  # the router dies: clients cannot reach the fleet now
+            switch = asyncio.create_task(act.rolling_switch("eagle3-2step"))
+            await asyncio.sleep(1.5)
+            assert not switch.done(), "the switch must wait for the router"
+            assert [r.profile for r in act.replicas] == ["baseline"] * 2, "nothing touched"
+            assert all(r.actuator._child_pid() is not None for r in act.replicas)
+            # A new router on the same address (empty registrations, as after any restart).
+            router = _launch_router(port, tmp_path / "ext-router.log")
+            res = await asyncio.wait_for(switch, timeout=60)
+            assert res.ok, res.error
+            assert [r.profile for r in act.replicas] == ["eagle3-2step"] * 2
+            workers = await act.router.workers()
+            assert sorted(w.url for w in workers) == sorted(r.url for r in act.replicas)
+            assert all(w.healthy for w in workers)
+            stats = await LoadGenerator(url, concurrency=2, max_new_tokens=16).run(1.0)
+            assert stats.ok > 0 and stats.failed == 0
+    finally:
+        _kill(router)
+
+
+async def test_a_launched_router_that_dies_is_relaunched(tmp_path: Path) -> None:
+    async with running_fleet(tmp_path, replicas=2) as (act, _client):
+        assert act.router_proc is not None and act.router_proc.proc is not None
+        os.killpg(act.router_proc.proc.pid, signal.SIGKILL)
+        act.router_proc.proc.wait(timeout=10)
+        assert await act.ensure_router()
+        assert act.log.router_relaunches == 1
+        workers = await act.router.workers()
+        assert sorted(w.url for w in workers) == sorted(r.url for r in act.replicas)
+
+
+def test_router_binary_runs_from_this_interpreter() -> None:
+    """What RouterSettings.launch runs by default is there and is the router."""
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang_router.launch_router", "--help"],
+        capture_output=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and b"--worker-urls" in out.stdout

@@ -1,0 +1,52 @@
+"""[fleet] settings: defaults, ports, the max-unavailable rule, refusals with the key named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from controller.fleet.actuator import replica_settings
+from controller.fleet.demo import fleet_sim_settings
+from controller.fleet.settings import FleetSettings
+
+
+def test_off_by_default() -> None:
+    f = FleetSettings()
+    assert not f.enabled and f.replica_ports() == []
+
+
+def test_ports_and_max_unavailable() -> None:
+    f = FleetSettings(replicas=3, base_port=31000)
+    assert f.replica_ports() == [31000, 31001, 31002]
+    assert f.max_unavailable() == 1  # 0.34 of 3
+    assert FleetSettings(replicas=10, max_unavailable_fraction=0.25).max_unavailable() == 2
+    assert FleetSettings(replicas=2, max_unavailable_fraction=0.1).max_unavailable() == 1
+    assert FleetSettings(replicas=4, max_unavailable_fraction=0.5).max_unavailable() == 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        ({"replicas": 2, "ports": [1, 2, 3]}, "3 entries for 2 replicas"),
+        ({"replicas": 2, "ports": [31000, 31000]}, "distinct"),
+        ({"replicas": 2, "base_port": 30000}, "also a replica port"),
+        ({"replicas": 2, "canary_replica": 2}, "canary_replica"),
+        ({"replicas": 2, "max_unavailable_fraction": 0}, "greater than 0"),
+        ({"replicas": 2, "canary": {"min_windows": 8, "max_windows": 4}}, "max_windows"),
+        ({"replicas": 2, "router": {"polcy": "x"}}, "Extra inputs"),
+    ],
+)
+def test_bad_tables_are_refused(raw: dict[str, object], match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        FleetSettings.model_validate(raw)
+
+
+def test_replica_settings_get_their_own_port_and_files(tmp_path: Path) -> None:
+    settings, fleet = fleet_sim_settings(replicas=2, speed=50.0, workdir=tmp_path)
+    r1 = replica_settings(settings, fleet, 1)
+    assert r1.server.port == fleet.replica_ports()[1]
+    assert r1.server.log_file.endswith("server.replica1.log")
+    assert r1.profiles == settings.profiles
+    assert r1.launch_argv("baseline")[-1] == str(fleet.replica_ports()[1])
