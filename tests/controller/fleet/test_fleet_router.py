@@ -251,3 +251,25 @@ def test_router_binary_runs_from_this_interpreter() -> None:
         timeout=60,
     )
     assert out.returncode == 0 and b"--worker-urls" in out.stdout
+
+
+async def test_a_crashed_replica_is_restarted_and_registered(tmp_path: Path) -> None:
+    settings, fleet = _settings(tmp_path, 2)
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+        ctl = FleetController(settings, fleet, clock=ScaledClock(SPEED), client=client)
+        try:
+            await ctl.startup()
+            victim = ctl.actuator.replicas[0]
+            pid = victim.actuator._child_pid()
+            assert pid is not None
+            os.killpg(pid, signal.SIGKILL)
+            await asyncio.sleep(0.2)
+            tick = await ctl.tick()
+            assert tick.action == "restart", tick
+            new_pid = victim.actuator._child_pid()
+            assert new_pid is not None and new_pid != pid
+            workers = await ctl.actuator.router.workers()
+            assert victim.url in {w.url for w in workers}
+            assert await ctl.actuator.alive()
+        finally:
+            await ctl.shutdown()
