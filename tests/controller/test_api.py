@@ -385,7 +385,7 @@ _json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers()
-    | st.floats()
+    | st.floats(allow_nan=False, allow_infinity=False)  # NaN over the wire: raw bodies below
     | st.text(max_size=30)
     | st.sampled_from(["baseline", "eagle3-2step", "active", "advisory", "eagle3-5step"]),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
