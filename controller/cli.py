@@ -167,8 +167,12 @@ def demo(
     """Start the simulator, load and controller in accelerated time and show the loop live."""
     from controller.demo import run_demo
 
+    if fleet < 0:
+        raise _fail("--fleet takes the number of replicas (0: one server)", 2)
     if fleet:
-        raise _fail("fleet mode is not available in this build: run the single-server demo", 2)
+        from controller.fleet.demo import run_fleet_demo
+
+        raise typer.Exit(run_fleet_demo(fleet, duration_s, speed))
     raise typer.Exit(run_demo(duration_s=duration_s, speed=speed, port=port, db=db))
 
 

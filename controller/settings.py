@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from controller.fleet.settings import FleetSettings
 from policies.types import Mode, ProfileSpec
 
 EXIT_CONFIG = 78  # EX_CONFIG; the systemd unit sets RestartPreventExitStatus=78
@@ -174,6 +175,10 @@ class Settings(_Frozen):
         default_factory=dict, description="Overrides of policies.decide.PolicySettings fields."
     )
     profiles: dict[str, ProfileSettings]
+    fleet: FleetSettings = Field(
+        default_factory=FleetSettings,
+        description="[fleet]: replicas behind sglang-router (docs/FLEET.md); replicas = 0 is off.",
+    )
 
     @model_validator(mode="after")
     def _check_profiles(self) -> Settings:
@@ -183,6 +188,11 @@ class Settings(_Frozen):
             raise ValueError(
                 f"server.initial_profile {self.server.initial_profile!r} is not a profile "
                 f"(have: {', '.join(sorted(self.profiles))})"
+            )
+        if self.fleet.enabled and self.server.actuator != "process":
+            raise ValueError(
+                "fleet mode runs its replicas with the process actuator: "
+                "set server.actuator = 'process'"
             )
         if self.server.actuator == "command" and not self.server.switch_command:
             raise ValueError("server.actuator = 'command' needs server.switch_command")
