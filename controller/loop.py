@@ -536,6 +536,7 @@ class Controller:
     ) -> None:
         assert self.state is not None
         self.prev = None  # counters restart with the server
+        self.scrape_errors = 0  # a new server (or none): its own count starts
         if reason.value.startswith("rollback"):
             self.metrics.rollbacks.labels(reason.value).inc()
         pending_trial = reason is Reason.SWITCH_PREDICTED_GAIN
@@ -544,7 +545,7 @@ class Controller:
             self.state.pending = None
             self.running = None
             if pending_trial:
-                self._trial_row(switch_id, "inconclusive", now, {"refused": result.error})
+                self._trial_row(switch_id, "inconclusive", {"refused": result.error})
         elif result.outcome is SwitchOutcome.UNKNOWN:
             # The policy's pending switch will never be reported: the shell lost it. What runs
             # is found (and adopted, never acted on) by the next ticks' probes.
@@ -554,7 +555,7 @@ class Controller:
             self.overrides = replace(self.overrides, blocked_reason=self.funnel.blocked_reason)
             self._save_overrides()
             if pending_trial:
-                self._trial_row(switch_id, "inconclusive", now, {"unknown": result.error})
+                self._trial_row(switch_id, "inconclusive", {"unknown": result.error})
             log.error("switch outcome unknown: automatic switching stopped: %s", result.error)
         elif result.outcome is SwitchOutcome.OK:
             self.state = policy.on_switch_done(
@@ -568,10 +569,10 @@ class Controller:
             if trial is not None and trial.get("profile") == result.to_profile:
                 # The policy judges the new profile against its prediction (policies.trial).
                 self.trial_switch_id = switch_id
-                self._trial_row(switch_id, "running", now, None, trial)
+                self._trial_row(switch_id, "running", None, trial)
             else:
                 if pending_trial:
-                    self._trial_row(switch_id, "inconclusive", now, {"no_prediction": True})
+                    self._trial_row(switch_id, "inconclusive", {"no_prediction": True})
                 if reason is not Reason.ROLLBACK_TRIAL_FAILED:
                     self.last_good = result.to_profile
         else:
@@ -582,7 +583,7 @@ class Controller:
             )
             self.running = None
             if pending_trial:
-                self._trial_row(switch_id, "failed", now, {"start_failed": result.error})
+                self._trial_row(switch_id, "failed", {"start_failed": result.error})
             log.error("switch to %s failed to start: %s", result.to_profile, result.error)
             self._count_failed_start(result)
         self.metrics.set_profile(self.running)
@@ -608,13 +609,17 @@ class Controller:
         self,
         switch_id: int,
         state: str,
-        now: float,
         detail: dict[str, Any] | None,
         trial: dict[str, Any] | None = None,
     ) -> None:
+        """A trial state at the end of its switch (stamped now, after the switch's own rows)."""
         predicted = (trial or {}).get("predicted") or {}
         self.store.record_trial(
-            switch_id, state, now, predicted_tok_s=predicted.get("mean"), detail=detail
+            switch_id,
+            state,
+            self.clock.now(),
+            predicted_tok_s=predicted.get("mean"),
+            detail=detail,
         )
 
     def _finish_trial(
@@ -761,6 +766,7 @@ class Controller:
         if reason.value.startswith("rollback"):
             self.metrics.rollbacks.labels(reason.value).inc()
         self.prev = None
+        self.scrape_errors = 0
         if result.outcome is SwitchOutcome.OK:
             self.restart_plan = None
             self.state = policy.on_switch_done(
