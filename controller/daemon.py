@@ -31,6 +31,7 @@ from controller.clock import Clock, ScaledClock
 from controller.loop import Controller
 from controller.metrics import ControllerMetrics
 from controller.settings import EXIT_CONFIG, ConfigError, Settings, load_settings, policy_settings
+from policies.types import Mode
 from store import Store
 
 log = logging.getLogger("specpilot.daemon")
@@ -209,7 +210,8 @@ async def serve(
     finally:
         send_stopping()
         with contextlib.suppress(Exception):
-            if daemon.settings.server.owns_server:
+            # Advisory mode never touches the server, not even on the way out.
+            if daemon.settings.server.owns_server and ctl.mode is Mode.ACTIVE:
                 await ctl.actuator.shutdown()
         await daemon.client.aclose()
         daemon.store.close()
