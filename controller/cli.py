@@ -654,17 +654,63 @@ def report(
 @app.command()
 def breakeven(
     baseline_tok_s: Annotated[
-        float, typer.Option("--baseline-tok-s", help="Baseline (no speculation) tok/s.")
-    ],
-    cycle_ms: Annotated[float, typer.Option("--cycle-ms", help="Speculative cycle time, ms.")],
+        float | None, typer.Option("--baseline-tok-s", help="Baseline (no speculation) tok/s.")
+    ] = None,
+    cycle_ms: Annotated[
+        float | None, typer.Option("--cycle-ms", help="Speculative cycle time, ms.")
+    ] = None,
     target: Annotated[
         list[float] | None,
         typer.Option("--target-tok-s", help="Targets to price (default 100 and 120)."),
     ] = None,
+    table: Annotated[
+        bool,
+        typer.Option(
+            "--table",
+            help="Print the adaptive table specpilot generates for the field's profiles, with "
+            "the break-even accept length per bucket (hybrid profiles).",
+        ),
+    ] = False,
+    sim_profile: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sim-profile",
+            help="With --table: simulator profiles whose cost model stands in for the fitted "
+            "surface (default kimi-k2.5-pcie-tuned and kimi-k2.5-pcie-later-boot).",
+        ),
+    ] = None,
+    workload: Annotated[
+        str, typer.Option(help="With --table: the workload whose acceptance is used.")
+    ] = "default",
+    candidate_steps: Annotated[
+        list[int] | None,
+        typer.Option("--candidate-step", help="With --table: allowed steps (default 0-7)."),
+    ] = None,
+    max_running_requests: Annotated[
+        int, typer.Option(help="With --table: the server's max running requests.")
+    ] = 64,
+    as_json: Annotated[bool, typer.Option("--json", help="With --table: print JSON.")] = False,
 ) -> None:
     """The break-even rule of FIELD.md: accept_len = baseline_tok_s x cycle_s."""
     from policies.breakeven import accept_length_for, breakeven_accept_length
 
+    if table:
+        from controller.hybrid_table import DEFAULT_STEPS, FIELD_PROFILES, print_field_tables
+
+        try:
+            print_field_tables(
+                console,
+                sim_profile or list(FIELD_PROFILES),
+                workload,
+                candidate_steps or list(DEFAULT_STEPS),
+                max_running_requests,
+                as_json,
+            )
+        except (ValueError, FileNotFoundError) as e:
+            raise _fail(str(e), 2) from None
+        return
+    if baseline_tok_s is None or cycle_ms is None:
+        raise _fail("give --baseline-tok-s and --cycle-ms (or --table)", 2)
     if baseline_tok_s <= 0 or cycle_ms <= 0:
         raise _fail("--baseline-tok-s and --cycle-ms must be > 0", 2)
     cycle_s = cycle_ms / 1000.0
