@@ -498,8 +498,14 @@ class Controller:
         if sid is None:
             self._record_decision(d, acted=False)
             if result.outcome is SwitchOutcome.SKIPPED_ADVISORY:
+                # The policy keeps its pending switch (it holds, as after a real one, instead of
+                # repeating the advice every tick until the pending switch times out).
                 log.info("advisory: not acting on %s %s", d.action.value, d.profile)
             else:
+                # Refused (blocked, or another switch in flight): it never happened, so the
+                # policy must not wait for it; it decides again on the next tick.
+                if self.state is not None:
+                    self.state.pending = None
                 log.warning("not acting on %s %s: %s", d.action.value, d.profile, result.error)
             return result, None
         self._finish_switch(sid, result, d.reason)

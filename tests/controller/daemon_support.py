@@ -200,10 +200,11 @@ async def running_daemon(
     concurrency: int = 1,
     mix: Mapping[str, float] | None = None,
     on_tick: Callable[[Controller], None] | None = None,
+    keep_server: bool = False,
 ) -> AsyncIterator[Running]:
     """build() + serve() in this event loop with a closed-loop load (inside the simulator, which
     keeps up at high speed) once a server runs; stops cleanly on exit and kills whatever server
-    is left (by pid)."""
+    is left (by pid) unless `keep_server` (the test cleans up then)."""
     s = settings(raw)
     daemon = await build(s)
     stop = asyncio.Event()
@@ -252,7 +253,8 @@ async def running_daemon(
             await asyncio.wait_for(loader, 10)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(served, 30)
-        cleanup(s)
+        if not keep_server:
+            cleanup(s)
 
 
 # ------------------------------------------------------------------------------- subprocess
