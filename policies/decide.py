@@ -10,9 +10,23 @@ remaining duration of the current regime, switch only when
 and the minimum dwell, the restart budget, the no-flap rule (A -> B -> A inside the amortisation
 horizon without a change point in between) and the burst rule (a regime younger than the restart
 it would need is ridden out: ski rental, at most 2x the loss of an oracle on a burst) all allow
-it. Profiles never run, or whose data predates the last change point, are explored when the
-expected value of what a run reveals (for a chain, a deeper chain reveals every shallower one by
-truncation) beats its expected cost. Re-exploration follows detected changes, never a timer.
+it. Profiles never run, or whose data predates the last detected change in acceptance or
+cycle time, are explored when the expected value of what a run reveals (for a chain, a deeper
+chain reveals every shallower one by truncation) beats its expected cost, weighed once per
+regime and information state: re-exploration follows detected changes, never a timer (the
+value of information grows with the expected remaining regime, which grows with its age, so a
+value weighed again every tick would end up beating any cost without anything having changed).
+
+Predicted tok/s are over wall time: the cycle model's decode rate r = B x E[L] / T(B) and the
+non-decode seconds per decode token p learned from the windows (policies/overhead.py) give
+1 / (1/r + p). Trials compare like with like: the decode rate a window observed against the
+decode rate predicted (prefill after a restart does not count against a profile).
+
+Change detection: acceptance is watched per workload (a mix shift moves a profile's overall
+accept length while every workload's stays put; only a workload whose own level moved loses its
+data), the workload mix and concurrency as traffic signals (regime boundaries that make no
+estimate stale), cycle time per profile. A CUSUM halfway to its alarm is a suspected change:
+nothing switches until it is confirmed (then the burst rule applies) or fades.
 
 Precedence (first match wins): pause > pin > blocked > rollback after a failed start > failed
 scrape > switch in flight > trial > unusable window > no traffic > dwell > estimates.
@@ -53,6 +67,7 @@ from policies.estimators import (
     spec_from_dict,
     spec_to_dict,
 )
+from policies.overhead import NonDecodeTime, wall_estimate
 from policies.trial import TrialOutcome, TrialSettings, assess_trial
 from policies.types import (
     Action,
@@ -88,8 +103,9 @@ class PolicySettings:
     # Weight of each measured restart in the learned restart time (EW mean): restarts vary with
     # page cache and graph capture, so one measurement moves the estimate halfway.
     restart_learning_rate: float = 0.5
-    # Fixed part of the margin, as a fraction of the running profile's tok/s: the cycle model
-    # leaves out prefill and scheduling, which predictions of other profiles cannot see.
+    # Fixed part of the margin, as a fraction of the running profile's tok/s: what the model
+    # cannot see from the running profile (a speculative server's draft prefill, scheduling
+    # that differs between profiles).
     margin_frac: float = 0.02
     # Margin per standard deviation of the predicted difference: the margin grows with
     # uncertainty, so a switch on a wide prediction needs a larger predicted gain.
@@ -107,6 +123,12 @@ class PolicySettings:
     # 2-step between 0.73x and 1.26x of baseline, 5-step ~0.98x; 0.6-1.4 covers that with room.
     explore_prior_low_ratio: float = 0.6
     explore_prior_high_ratio: float = 1.4
+    # Information is valued over at most this long: traffic forecasts beyond an hour are not
+    # evidence, and the expected remaining regime grows with its age without bound (Lindy), so
+    # a value of information over the whole of it would in the end pay for any exploration
+    # without anything having been learnt: a timer. A candidate declined at this full value
+    # stays declined until its information state changes (a change point, a first prediction).
+    explore_horizon_s: float = 3600.0
     # Interval widening of a prediction whose data predates the last change point.
     stale_widen: float = 2.0
     # Minimum data before an estimate exists: windows, decode steps, verify calls, histogram
@@ -124,6 +146,9 @@ class PolicySettings:
     concurrency_half_life_s: float = 30.0
     mix_half_life_s: float = 120.0
     observed_half_life_s: float = 60.0
+    # Non-decode seconds per decode token move with the mix (prompt and output lengths), so
+    # they are forgotten on the mix's time scale.
+    nondecode_half_life_s: float = 120.0
     # Weight kept of a profile's old estimates when it boots again: the field's baseline moved
     # 89 -> 82 tok/s and verify 20 -> 30 ms across boots, so a new boot must dominate fast.
     boot_carryover: float = 0.25
@@ -141,6 +166,16 @@ class PolicySettings:
     cusum_z_clip: float = 5.0
     # Changes below 0.5% of a level are noise for the decision (no restart repays them).
     cusum_rel_sigma_floor: float = 0.005
+    # A CUSUM statistic above this fraction of its threshold is a suspected change: a 4-5 sigma
+    # step puts it there in one window, while in control it is there ~e^-(2 k h/2) ~ 0.25% of
+    # the time per side; holding a decision for a few windows costs nothing, a switch on the
+    # first window of a burst costs a restart.
+    suspect_fraction: float = 0.5
+    # Points of the per-workload acceptance streams hold at least `min_verify` verify steps
+    # (accumulated over windows when a workload finishes few requests); points of the mix
+    # streams at least this many finished requests: a token share from 8 requests has an sd
+    # of at most ~0.18, so a full swing (0 <-> 1) is over 5 sd and found in about two points.
+    mix_point_min_requests: float = 8.0
     # Findings: a level moving 5% against history is drift worth telling; accept rate below
     # 0.6x its history is "far below" (the field's wrong config: 47% -> 19%, 0.4x).
     drift_min_rel: float = 0.05
@@ -191,6 +226,22 @@ class PolicyState:
     settings: PolicySettings = field(default_factory=PolicySettings)
     # The last full evaluation that ended in HOLD_BEST / HOLD_WITHIN_MARGIN (see reeval_*).
     eval_cache: dict[str, Any] | None = None
+    # Non-decode seconds per decode token (prefill, scheduling): predictions over wall time.
+    overhead: NonDecodeTime = field(default_factory=NonDecodeTime)
+    # Time of the last detected change in acceptance or cycle time (what makes data stale;
+    # traffic changes in concurrency or mix are regime boundaries but leave estimates valid).
+    last_model_change_s: float | None = None
+    # ... of which the last change in acceptance (stale for speculative profiles only: a
+    # baseline's prediction holds no acceptance) and the last in cycle time (stale for all).
+    last_accept_change_s: float | None = None
+    last_cycle_change_s: float | None = None
+    # Partial points of the per-workload streams: "accept:<profile>:<workload>" ->
+    # [accepted tokens, verify steps]; "mix" -> {workload: tokens, "": requests}.
+    stream_acc: dict[str, Any] = field(default_factory=dict)
+    # Exploration weighed and declined, per profile: the information state it was weighed in.
+    explore_declined: dict[str, str] = field(default_factory=dict)
+    # Windows ingested since the running profile booted (traffic streams skip the first).
+    boot_windows: int = 0
 
     @property
     def specs(self) -> dict[str, ProfileSpec]:
@@ -223,6 +274,13 @@ class PolicyState:
             "last_window_t_s": self.last_window_t_s,
             "settings": settings_to_dict(self.settings),
             "eval_cache": _jsonable(self.eval_cache),
+            "overhead": self.overhead.to_dict(),
+            "last_model_change_s": self.last_model_change_s,
+            "last_accept_change_s": self.last_accept_change_s,
+            "last_cycle_change_s": self.last_cycle_change_s,
+            "stream_acc": _jsonable(self.stream_acc),
+            "explore_declined": dict(self.explore_declined),
+            "boot_windows": self.boot_windows,
         }
 
     @classmethod
@@ -250,6 +308,15 @@ class PolicyState:
             last_window_t_s=d.get("last_window_t_s"),
             settings=settings_from_dict(d["settings"]) if "settings" in d else PolicySettings(),
             eval_cache=_jsonable(d.get("eval_cache")),
+            overhead=(
+                NonDecodeTime.from_dict(d["overhead"]) if "overhead" in d else NonDecodeTime()
+            ),
+            last_model_change_s=d.get("last_model_change_s"),
+            last_accept_change_s=d.get("last_accept_change_s"),
+            last_cycle_change_s=d.get("last_cycle_change_s"),
+            stream_acc=_jsonable(d.get("stream_acc", {})),
+            explore_declined={str(k): str(v) for k, v in d.get("explore_declined", {}).items()},
+            boot_windows=int(d.get("boot_windows", 0)),
         )
 
 
@@ -315,6 +382,7 @@ def initial_state(
         regime_start_s=float(now_s),
         tried={running},
         settings=settings,
+        overhead=NonDecodeTime(half_life_s=settings.nondecode_half_life_s),
     )
 
 
@@ -350,38 +418,135 @@ def _regime_boundary(state: PolicyState, t_change: float, s: PolicySettings) -> 
     state.last_change_s = t_change
 
 
+def _later(a: float | None, b: float) -> float:
+    return b if a is None else max(a, b)
+
+
+def _model_change(state: PolicyState, t_change: float, what: str) -> None:
+    """Estimates of acceptance or cycle time (`what`) moved: data older than this is stale."""
+    state.last_model_change_s = _later(state.last_model_change_s, t_change)
+    if what == "accept":
+        state.last_accept_change_s = _later(state.last_accept_change_s, t_change)
+    else:
+        state.last_cycle_change_s = _later(state.last_cycle_change_s, t_change)
+
+
 def _on_event(
     state: PolicyState, key: str, ev: CusumEvent, obs: Observation, s: PolicySettings
 ) -> None:
-    spec = state.specs[obs.profile]
+    p = obs.profile
+    spec = state.specs[p]
+    per_workload = f"accept:{p}:"
     if ev.kind == "change":
         t_change = ev.t_s - max(ev.n - 1, 0) * obs.window_s
         _regime_boundary(state, t_change, s)
         _add_finding(state, Finding("change", key, ev.before, ev.after, ev.t_s), s)
-        if key.startswith("accept:"):
-            state.model.accept.discount(obs.profile, s.change_discount)
-        elif key.startswith("cycle:"):
+        if key.startswith(per_workload):
+            # This workload's own accept length moved: forget its level (and the evidence
+            # pooled over workloads, which holds it); the other workloads' levels did not move.
+            state.model.accept.discount(p, s.change_discount, workload=key[len(per_workload) :])
+            _model_change(state, t_change, "accept")
+        elif key == f"cycle:{p}":
             # The stream is step time / prediction: report it in seconds at the batch now.
             b = state.model.concurrency.estimate()
-            st = state.model.cycle.stats[obs.profile]
+            st = state.model.cycle.stats[p]
             ref = st.level if st.s0 > 0 else math.nan
-            if b is not None and (e := state.model.cycle.estimate(obs.profile, b)) is not None:
+            if b is not None and (e := state.model.cycle.estimate(p, b)) is not None:
                 ref = e.mean
             _add_finding(
                 state,
                 drift_finding(key, ref * ev.before, ref * ev.after, ev.t_s, s.drift_min_rel, "s"),
                 s,
             )
-            state.model.cycle.discount(obs.profile, s.change_discount)
-    elif ev.kind == "established" and key.startswith("accept:"):
+            state.model.cycle.discount(p, s.change_discount)
+            _model_change(state, t_change, "cycle")
+        elif key == "batch" or key.startswith("mix:"):
+            if key.startswith("mix:"):
+                # The shares now are those of the windows since (not a blend of two regimes).
+                state.model.mix.discount(s.change_discount)
+            else:
+                state.model.concurrency.discount(s.change_discount)
+                # The acceptance streams' noise is set by the verify steps behind a point (a
+                # window at 64 streams holds fifty times one at a single stream): after a
+                # concurrency change they re-learn it, or the old scale raises false alarms.
+                for k in [k for k in state.monitor.detectors if k.startswith("accept:")]:
+                    del state.monitor.detectors[k]
+            if state.trial is not None:
+                # A trial measures a profile against a prediction for the traffic of its switch.
+                state.trial["traffic_change_s"] = t_change
+        # "accept:<profile>" (all workloads: it moves with the mix as much as with acceptance),
+        # "batch" and "mix:<workload>" mark a regime boundary and nothing else: whether any
+        # acceptance moved is for the per-workload streams to say.
+    elif ev.kind == "established" and key.startswith(per_workload):
         hist = state.monitor.history.get(key, [])[:-1]
         _add_finding(
             state,
             acceptance_finding(
-                obs.profile, hist, ev.after, spec.num_steps, s.acceptance_low_ratio, ev.t_s
+                key[len("accept:") :],
+                hist,
+                ev.after,
+                spec.num_steps,
+                s.acceptance_low_ratio,
+                ev.t_s,
             ),
             s,
         )
+
+
+def _accept_points(state: PolicyState, obs: Observation, s: PolicySettings) -> list[Any]:
+    """Per-workload accept length points, each over at least `min_verify` verify steps of
+    finished requests (accumulated across windows: a window may finish one request of a
+    workload, or none)."""
+    spec = state.specs[obs.profile]
+    if not spec.speculative or spec.num_steps < 1:
+        return []
+    g = max(spec.num_steps, max(spec.candidate_steps, default=0))
+    out: list[tuple[str, float | None]] = []
+    for w in obs.workloads:
+        gen, req, ver = w.generation_tokens, w.requests, w.verify_calls
+        if gen is None or req is None or ver is None:
+            continue
+        if not (math.isfinite(gen) and math.isfinite(req) and math.isfinite(ver)):
+            continue
+        acc = gen - req
+        if ver <= 0 or acc < 0:
+            continue
+        key = f"accept:{obs.profile}:{w.workload}"
+        a = state.stream_acc.setdefault(key, [0.0, 0.0])
+        a[0] += acc
+        a[1] += ver
+        if a[1] >= s.min_verify:
+            L = a[0] / a[1]
+            state.stream_acc[key] = [0.0, 0.0]
+            if 1.0 - 1e-6 <= L <= g + 1.0 + 1e-6:  # else impossible: the estimators reject it
+                out.append((key, L))
+    return out
+
+
+def _mix_points(state: PolicyState, obs: Observation, s: PolicySettings) -> list[Any]:
+    """Token share of every workload seen, one point per `mix_point_min_requests` finished
+    requests (the mix is a traffic signal of its own, independent of the profile)."""
+    acc = state.stream_acc.setdefault("mix", {"tokens": {}, "requests": 0.0})
+    tokens: dict[str, float] = acc["tokens"]
+    for w in obs.workloads:
+        gen, req = w.generation_tokens, w.requests
+        if gen is None or req is None or not (math.isfinite(gen) and math.isfinite(req)):
+            continue
+        if gen < 0 or req < 0:
+            continue
+        tokens[w.workload] = tokens.get(w.workload, 0.0) + gen
+        acc["requests"] += req
+    if acc["requests"] < s.mix_point_min_requests:
+        return []
+    tot = sum(tokens.values())
+    state.stream_acc["mix"] = {"tokens": {}, "requests": 0.0}
+    if tot <= 0:
+        return []
+    # Workloads seen before and absent now are at share 0: their disappearance is the change.
+    names = set(tokens) | {
+        k[len("mix:") :] for k in state.monitor.detectors if k.startswith("mix:")
+    }
+    return [(f"mix:{w}", tokens.get(w, 0.0) / tot) for w in sorted(names)]
 
 
 def _boot_check(state: PolicyState, obs: Observation, s: PolicySettings) -> None:
@@ -442,13 +607,18 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
     if obs.counter_reset:
         return "reset"
     sig = state.model.observe(obs)
+    state.overhead.update(obs)
     _boot_check(state, obs, s)
     p = obs.profile
-    for key, x in (
-        ("batch", sig.batch),
-        (f"accept:{p}", sig.accept_length),
-        (f"cycle:{p}", sig.cycle_ratio),
-    ):
+    streams: list[tuple[str, float | None]] = []
+    # Clients reconnect after a restart: the first windows of a boot are not the traffic.
+    if state.boot_windows >= s.trial_warmup_windows:
+        streams.append(("batch", sig.batch))
+    state.boot_windows += 1
+    streams += [(f"accept:{p}", sig.accept_length), (f"cycle:{p}", sig.cycle_ratio)]
+    streams += _accept_points(state, obs, s)
+    streams += _mix_points(state, obs, s)
+    for key, x in streams:
         ev = state.monitor.update(key, x, obs.t_s)
         if ev is not None:
             _on_event(state, key, ev, obs, s)
@@ -478,9 +648,16 @@ def _adopt(
     # A new boot: old estimates of this profile become a weak prior (drift across boots).
     state.model.cycle.discount(profile, s.boot_carryover)
     state.model.accept.discount(profile, s.boot_carryover)
-    state.monitor.reset(f"accept:{profile}")
-    state.monitor.reset(f"cycle:{profile}")
-    state.monitor.reset("batch")  # clients reconnect after a restart: not a traffic change
+    # The all-workload accept length and the cycle level start over with the boot (the mix
+    # may have moved meanwhile; a boot may have drifted: _boot_check compares). Per-workload
+    # acceptance keeps its detectors: a drafter's acceptance is not a property of a boot, and
+    # a change that happened while another profile ran is then found on return. Concurrency
+    # and mix keep theirs: a restart is not a traffic change (the first window is skipped).
+    state.monitor.detectors.pop(f"accept:{profile}", None)
+    state.monitor.detectors.pop(f"cycle:{profile}", None)
+    for k in [k for k in state.stream_acc if k.startswith(f"accept:{profile}:")]:
+        del state.stream_acc[k]  # a partial point does not straddle boots
+    state.boot_windows = 0
     state.running = profile
     state.last_switch_s = float(now_s)
     state.tried.add(profile)
@@ -510,7 +687,10 @@ def _record_switch(
     target: str,
     reason: Reason,
     predicted: Estimate | None,
+    predicted_wall: Estimate | None = None,
 ) -> None:
+    """`predicted`: the target's decode rate (decode tokens per decode second), what its trial
+    checks; `predicted_wall`: its tok/s over wall time, the trial's fallback."""
     state.switches.append(
         {"t_s": float(now_s), "from": state.running, "to": target, "reason": reason.value}
     )
@@ -522,6 +702,7 @@ def _record_switch(
         "reason": reason.value,
         "from": state.running,
         "predicted": predicted.to_dict() if predicted is not None else None,
+        "predicted_wall": predicted_wall.to_dict() if predicted_wall is not None else None,
     }
 
 
@@ -586,9 +767,10 @@ def _switch(
     reason: Reason,
     diag: dict[str, Any],
     predicted: Estimate | None = None,
+    predicted_wall: Estimate | None = None,
 ) -> tuple[PolicyState, Decision]:
     diag["from"] = state.running
-    _record_switch(state, now_s, target, reason, predicted)
+    _record_switch(state, now_s, target, reason, predicted, predicted_wall)
     return state, Decision(now_s, Action.SWITCH, target, reason, diag)
 
 
@@ -596,13 +778,27 @@ def _switch(
 # The policy
 
 
-def predictions(state: PolicyState, stale_widen: float = 2.0) -> list[ProfilePrediction]:
-    """What every profile is predicted to deliver for the traffic now (concurrency and mix),
-    with data older than the last change point counted as stale."""
+def _decode_predictions(state: PolicyState, stale_widen: float) -> list[ProfilePrediction]:
+    """The cycle model's predictions: decode tokens per decode second (B x E[L] / T(B))."""
+    fresh = state.last_model_change_s
     return [
-        state.model.predict(p.name, fresh_since_s=state.last_change_s, stale_widen=stale_widen)
+        state.model.predict(p.name, fresh_since_s=fresh, stale_widen=stale_widen)
         for p in state.profiles
     ]
+
+
+def _to_wall(pr: ProfilePrediction, per_token_s: float | None) -> ProfilePrediction:
+    if pr.tok_s is None or per_token_s is None:
+        return pr
+    return dataclasses.replace(pr, tok_s=wall_estimate(pr.tok_s, per_token_s))
+
+
+def predictions(state: PolicyState, stale_widen: float = 2.0) -> list[ProfilePrediction]:
+    """What every profile is predicted to deliver for the traffic now (concurrency and mix), in
+    tok/s over wall time (non-decode time per decode token included), with data older than the
+    last detected change in acceptance or cycle time counted as stale."""
+    p = state.overhead.per_token_s()
+    return [_to_wall(pr, p) for pr in _decode_predictions(state, stale_widen)]
 
 
 def decide(
@@ -688,11 +884,24 @@ def decide(
     if dwell_left > 0:
         diag["dwell_left_s"] = dwell_left
         return _hold(now_s, state, Reason.HOLD_COOLDOWN, diag)
+    suspect = _suspected(state, s)
+    if suspect is not None:
+        # A change may be starting: no decision is made on a regime not yet known to exist
+        # (the first window of a burst looks like a new regime of unknown length).
+        diag["change_suspected"] = suspect
+        return _hold(now_s, state, Reason.HOLD_BURST, diag)
     key = _eval_key(state)
     cache = state.eval_cache
-    if cache is not None and _reusable(cache, key, now_s, s) and not state.new_findings:
+    reuse = _reusable(cache, key, now_s, s) if cache is not None else "no"
+    if cache is not None and reuse != "no" and not state.new_findings:
         diag.update(cache["diag"])
         diag["reevaluated_at_s"] = cache["t_s"]
+        if reuse == "traffic":
+            # The traffic the predictions follow moved, and no change point says a new regime
+            # began: the first windows of a burst. Act on it once the detectors confirm it (a
+            # change point: the burst rule then applies) or the re-evaluation interval is up.
+            diag["traffic_moved_unconfirmed"] = True
+            return _hold(now_s, state, Reason.HOLD_BURST, diag)
         return _hold(now_s, state, Reason(cache["reason"]), diag)
     state.eval_cache = None
     state, d = _choose(state, now_s, s, diag)
@@ -706,6 +915,7 @@ def _eval_key(state: PolicyState) -> dict[str, Any]:
     return {
         "running": state.running,
         "last_change_s": state.last_change_s,
+        "last_model_change_s": state.last_model_change_s,
         "batch": state.model.concurrency.estimate(),
         "mix": state.model.mix.shares(),
         "tried": sorted(state.tried),
@@ -715,18 +925,43 @@ def _eval_key(state: PolicyState) -> dict[str, Any]:
 
 def _reusable(
     cache: Mapping[str, Any], key: Mapping[str, Any], now_s: float, s: PolicySettings
-) -> bool:
+) -> str:
+    """Returns "yes"; "no" (expired, or the state it was made in moved: a change point, a
+    profile tried or failed); or "traffic": only concurrency or mix moved, no change point."""
     if now_s - float(cache["t_s"]) >= s.reeval_interval_s:
-        return False
-    for k in ("running", "last_change_s", "tried", "failed"):
-        if cache[k] != key[k]:
-            return False
+        return "no"
+    for k in ("running", "last_change_s", "last_model_change_s", "tried", "failed"):
+        if cache.get(k) != key[k]:
+            return "no"
     b0, b1 = cache["batch"], key["batch"]
-    if b0 is None or b1 is None or abs(b1 - b0) > s.reeval_rel_change * b0:
-        return False
+    if b0 is None or b1 is None:
+        return "no"
+    if abs(b1 - b0) > s.reeval_rel_change * b0:
+        return "traffic"
     m0, m1 = cache["mix"], key["mix"]
     moved = sum(abs(m0.get(w, 0.0) - m1.get(w, 0.0)) for w in set(m0) | set(m1))
-    return moved <= s.reeval_rel_change
+    return "yes" if moved <= s.reeval_rel_change else "traffic"
+
+
+def _suspected(state: PolicyState, s: PolicySettings) -> str | None:
+    """The first stream whose CUSUM is past `suspect_fraction` of its threshold on a young
+    excursion, or None. A step of 2k sigma or more (the size worth a hold) alarms within h/k
+    windows of leaving zero; a statistic still hovering under the threshold after that is a
+    shift smaller than that, which no decision waits for (it would hold forever)."""
+    bar = s.suspect_fraction * s.cusum_h
+    young = math.ceil(s.cusum_h / max(s.cusum_k, 1e-9))
+    for key, det in state.monitor.detectors.items():
+        if (det.s_hi > bar and det.hi_n <= young) or (det.s_lo > bar and det.lo_n <= young):
+            return key
+    return None
+
+
+def _decode_rate(obs: Observation) -> float | None:
+    """Decode tokens per decode second of a window (what the cycle model predicts)."""
+    m = obs.moments
+    if m is None or m.n_steps <= 0 or not (m.sum_step_s > 0) or not math.isfinite(m.sum_generated):
+        return None
+    return m.sum_generated / m.sum_step_s if m.sum_generated >= 0 else None
 
 
 def _trial_step(
@@ -734,26 +969,50 @@ def _trial_step(
 ) -> TrialOutcome:
     tr = state.trial
     assert tr is not None
+    # Decode-rate trials compare the decode rate observed with the one predicted (like with
+    # like: the prefill of clients reconnecting after the restart is no fault of the profile);
+    # windows without decode moments fall back to tok/s over wall time against the wall
+    # prediction. Trials persisted by older versions hold wall-time windows only.
+    decode = tr.get("kind", "wall") == "decode"
     if intake == "ok" and obs.profile == tr["profile"]:
         if tr["skip"] > 0:
             tr["skip"] -= 1
-        elif obs.output_tok_s is not None:
-            tr["windows"].append(float(obs.output_tok_s))
+        else:
+            rate = _decode_rate(obs) if decode else None
+            if rate is not None:
+                tr["windows"].append(rate)
+            elif obs.output_tok_s is not None:
+                tr.setdefault("wall_windows", []).append(float(obs.output_tok_s))
+    if tr.get("traffic_change_s") is not None:
+        # The traffic changed under the trial: its windows no longer measure the prediction
+        # it was made against (the policy weighs the new regime on its own). A change in the
+        # profile's own acceptance or cycle time is what the trial is there to catch: no exit.
+        diag["trial_profile"] = tr["profile"]
+        diag["trial_outcome"] = TrialOutcome.INCONCLUSIVE.value
+        diag["trial_traffic_change_s"] = tr["traffic_change_s"]
+        return TrialOutcome.INCONCLUSIVE
+    windows = tr["windows"]
     pred = Estimate.from_dict(tr["predicted"])
-    out = assess_trial(pred, tr["windows"], s.trial)
+    if decode and not windows and tr.get("wall_windows") and tr.get("predicted_wall"):
+        windows = tr["wall_windows"]
+        pred = Estimate.from_dict(tr["predicted_wall"])
+    out = assess_trial(pred, windows, s.trial)
     diag["trial_profile"] = tr["profile"]
     diag["trial_outcome"] = out.value
     diag["trial_predicted_low"] = pred.low
-    diag["trial_windows"] = len(tr["windows"])
-    if tr["windows"]:
-        diag["trial_observed_mean"] = sum(tr["windows"]) / len(tr["windows"])
+    diag["trial_windows"] = len(windows)
+    if windows:
+        diag["trial_observed_mean"] = sum(windows) / len(windows)
     return out
 
 
 def _choose(
     state: PolicyState, now_s: float, s: PolicySettings, diag: dict[str, Any]
 ) -> tuple[PolicyState, Decision]:
-    preds = {p.profile: p for p in predictions(state, s.stale_widen)}
+    decode = {p.profile: p for p in _decode_predictions(state, s.stale_widen)}
+    per_token_s = state.overhead.per_token_s()
+    preds = {n: _to_wall(p, per_token_s) for n, p in decode.items()}
+    diag["nondecode_s_per_token"] = per_token_s
     for name, pr in preds.items():
         diag[f"pred_tok_s.{name}"] = pr.tok_s.mean if pr.tok_s is not None else None
     cur_pred = preds[state.running]
@@ -790,22 +1049,31 @@ def _choose(
                     return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
                 if _restarts_last_hour(state, now_s) >= s.restart_budget_per_hour:
                     return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
-                target = preds[name].tok_s
-                assert target is not None
+                target, target_decode = preds[name].tok_s, decode[name].tok_s
+                assert target is not None and target_decode is not None
                 return _switch(
                     now_s,
                     state,
                     name,
                     Reason.SWITCH_PREDICTED_GAIN,
                     diag,
-                    _calibrated(target, cur_pred),
+                    target_decode,
+                    target,
                 )
             if young or horizon < 2.0 * r:
                 return _hold(now_s, state, Reason.HOLD_BURST, diag)
             return _hold(now_s, state, Reason.HOLD_WITHIN_MARGIN, diag)
 
     if s.explore:
-        pick = _exploration(state, preds, cur, horizon, age, blocked_profiles, now_s, s, diag)
+        # What a run reveals is worth something over the rest of the regime. A regime that began
+        # at a detected change is as old as the evidence for it: expect it to last about as
+        # long again (a burst just begun is worth nothing yet), at most what the history of
+        # regimes says. The first regime's age is unknown (traffic predates the controller).
+        h_explore = min(horizon, s.explore_horizon_s)
+        if state.last_change_s is not None:
+            h_explore = min(h_explore, age)
+        diag["explore_horizon_s"] = h_explore
+        pick = _exploration(state, preds, cur, h_explore, age, blocked_profiles, now_s, s, diag)
         if pick is not None:
             if _restarts_last_hour(state, now_s) >= s.restart_budget_per_hour:
                 return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
@@ -818,20 +1086,6 @@ def _choose(
     if best_name == state.running:
         return _hold(now_s, state, Reason.HOLD_BEST, diag)
     return _hold(now_s, state, Reason.HOLD_WITHIN_MARGIN, diag)
-
-
-def _calibrated(target: Estimate, cur_pred: ProfilePrediction) -> Estimate:
-    """The candidate's prediction in observed units: scaled by observed / predicted of the
-    running profile (prefill and scheduling cost the same share on either side). Only ever
-    scaled down, and at most to half: the observed rate is a smoothed past, and right after a
-    change it still carries the old regime (scaling up on it would set the trial's bar too high).
-    """
-    cur = cur_pred.tok_s
-    obs = cur_pred.observed_tok_s
-    if cur is None or obs is None or cur.mean <= 0 or obs <= 0:
-        return target
-    f = min(max(obs / cur.mean, 0.5), 1.0)
-    return Estimate(target.mean * f, target.low * f, target.high * f, target.n)
 
 
 def _is_flap(state: PolicyState, target: str, now_s: float, s: PolicySettings) -> bool:
@@ -859,16 +1113,30 @@ def _exploration(
     diag: dict[str, Any],
 ) -> str | None:
     """The untried or stale profile whose run has the highest positive expected value of
-    information minus expected cost, or None."""
+    information minus expected cost, or None.
+
+    Stale = its data predates the last detected change in acceptance or cycle time (a traffic
+    change leaves the estimates valid: the predictions already follow concurrency and mix).
+    The value is taken over `horizon` (the caller's conservative expected remaining regime,
+    at most `explore_horizon_s`); once weighed at that full value and declined, a candidate is
+    not weighed again until its information state changes (regime, last model change,
+    predicted at all, tried): neither time alone nor the noise of a stationary regime's
+    estimates brings an exploration about."""
     specs = state.specs
+
+    def before(t: float | None, change: float | None) -> bool:
+        return change is not None and (t is None or t < change)
 
     def unknown(name: str) -> bool:
         if name == state.running or name in blocked:
             return False
         if name not in state.tried:
             return True
-        t = state.model.cycle.last_t_s(name)
-        return state.last_change_s is not None and (t is None or t < state.last_change_s)
+        if before(state.model.cycle.last_t_s(name), state.last_cycle_change_s):
+            return True
+        return specs[name].speculative and before(
+            state.model.accept.last_t_s(name), state.last_accept_change_s
+        )
 
     cands = [p.name for p in state.profiles if unknown(p.name)]
     best: tuple[float, str] | None = None
@@ -877,6 +1145,11 @@ def _exploration(
         r_q = _restart(state, q, s)
         if age < s.burst_wait_factor * r_q:
             continue  # a young regime may be a burst: no restart for information either
+        pq = preds.get(q)
+        info = _info_key(state, pq is None or pq.tok_s is None, q in state.tried)
+        if state.explore_declined.get(q) == info:
+            diag[f"explore_declined.{q}"] = True
+            continue
         revealed = [q] + [
             r
             for r in cands
@@ -891,12 +1164,22 @@ def _exploration(
         cost = cur * r_q + shortfall * s.min_dwell_s + p_worse * cur * r_back
         net = value - cost
         diag[f"explore_net_tokens.{q}"] = net
-        if net > 0 and (best is None or net > best[0]):
+        if net <= 0:
+            if horizon >= s.explore_horizon_s:
+                state.explore_declined[q] = info
+        elif best is None or net > best[0]:
             best = (net, q)
     if best is None:
         return None
     diag["explore_value_net_tokens"] = best[0]
     return best[1]
+
+
+def _info_key(state: PolicyState, unpredicted: bool, tried: bool) -> str:
+    return (
+        f"regime={state.regime_start_s!r} model_change={state.last_model_change_s!r} "
+        f"unpredicted={unpredicted} tried={tried}"
+    )
 
 
 def on_switch_done(
@@ -932,7 +1215,9 @@ def on_switch_done(
             state.trial = {
                 "profile": profile,
                 "from": pending["from"],
+                "kind": "decode",
                 "predicted": pending["predicted"],
+                "predicted_wall": pending.get("predicted_wall"),
                 "windows": [],
                 "skip": s.trial_warmup_windows,
                 "t_s": float(now_s),

@@ -1171,6 +1171,13 @@ class Concurrency:
     def estimate(self) -> float | None:
         return self.wb / self.w if self.w > 0 else None
 
+    def discount(self, factor: float) -> None:
+        """Keep only `factor` of the windows seen so far (a detected concurrency change: the
+        estimate is then that of the windows since, not a blend with the old regime's)."""
+        f = min(max(factor, 0.0), 1.0)
+        self.w *= f
+        self.wb *= f
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "half_life_s": self.half_life_s,
@@ -1204,6 +1211,12 @@ class WorkloadMix:
                 self.tokens[w.workload] = self.tokens.get(w.workload, 0.0) + g
         # Drop workloads that have faded out entirely: keeps the state small and JSON bounded.
         self.tokens = {k: v for k, v in self.tokens.items() if v > 1e-6}
+
+    def discount(self, factor: float) -> None:
+        """Keep only `factor` of the tokens seen so far (a detected mix change: the shares are
+        then those of the windows since, not a blend with the old regime's)."""
+        f = min(max(factor, 0.0), 1.0)
+        self.tokens = {k: v * f for k, v in self.tokens.items()}
 
     def shares(self) -> dict[str, float]:
         tot = sum(self.tokens.values())
