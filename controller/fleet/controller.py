@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,7 @@ from controller.fleet.settings import FleetSettings
 from controller.settings import Settings, policy_settings
 from policies import decide as policy
 from policies.canary import CanaryVerdict, Verdict
-from policies.types import Action, Decision, Mode, Overrides, Reason
+from policies.types import Action, Decision, Mode, Observation, Overrides, Reason
 
 log = logging.getLogger("specpilot.fleet")
 
@@ -61,6 +61,43 @@ class FleetRecord:
     canaries: list[CanaryRecord] = field(default_factory=list)
     switches: list[SwitchResult] = field(default_factory=list)
     decisions: deque[Decision] = field(default_factory=lambda: deque(maxlen=720))
+
+
+def deployment_window(
+    windows: Mapping[str, ReplicaObservation], running: str
+) -> Observation | None:
+    """What the deployment's one policy state learns from in a tick: the mean replica over the
+    replicas that have a window of the deployment's profile (a canary's window is not one)."""
+    return mean_replica(
+        [w.obs for w in windows.values() if w.obs is not None and w.profile == running]
+    )
+
+
+def plan_move(
+    d: Decision,
+    running: str,
+    forced: str | None,
+    rejected: Mapping[str, float],
+    now_s: float,
+    fleet: FleetSettings,
+    replicas: int,
+    mode: Mode,
+) -> tuple[str, str | None, str]:
+    """What the fleet does with one decision (pure; the bench's fleet replay uses it too):
+    ("hold", None, why), ("canary", target, why) or ("rollout", target, why). A candidate whose
+    canary was rolled back is not tried again for canary.retry_after_s (an operator's forced
+    canary is); advisory mode never acts; canaries need at least two replicas."""
+    target = forced or (d.profile if d.action is Action.SWITCH else None)
+    if target is None or target == running:
+        return "hold", None, d.reason.value
+    since = rejected.get(target)
+    if forced is None and since is not None and now_s - since < fleet.canary.retry_after_s:
+        return "hold", None, f"{target}'s canary was rolled back {now_s - since:.0f} s ago"
+    if mode is Mode.ADVISORY:
+        return "hold", None, f"advisory: would try {target} ({d.reason.value})"
+    if fleet.canary.enabled and replicas >= 2:
+        return "canary", target, d.reason.value
+    return "rollout", target, d.reason.value
 
 
 class FleetController:
@@ -163,8 +200,7 @@ class FleetController:
 
     async def _decide(self, windows: dict[str, ReplicaObservation], now: float) -> tuple[str, str]:
         assert self.state is not None and self.running is not None
-        same = [w.obs for w in windows.values() if w.obs is not None and w.profile == self.running]
-        obs = mean_replica(same)
+        obs = deployment_window(windows, self.running)
         failed = all(w.error is not None for w in windows.values())
         forced, self._forced = self._forced, None
         if obs is None and not failed and forced is None:
@@ -173,17 +209,21 @@ class FleetController:
             self.state, obs if not failed else None, now, self.psettings, self.overrides
         )
         self.record.decisions.append(d)
-        target = forced or (d.profile if d.action is Action.SWITCH else None)
-        if target is None or target == self.running:
-            return "hold", d.reason.value
-        since = self.rejected.get(target)
-        if forced is None and since is not None and now - since < self.fleet.canary.retry_after_s:
-            return "hold", f"{target}'s canary was rolled back {now - since:.0f} s ago"
-        if self.mode is Mode.ADVISORY:
-            return "hold", f"advisory: would try {target} ({d.reason.value})"
-        if self.fleet.canary.enabled and len(self.actuator.replicas) >= 2:
+        move, target, why = plan_move(
+            d,
+            self.running,
+            forced,
+            self.rejected,
+            now,
+            self.fleet,
+            len(self.actuator.replicas),
+            self.mode,
+        )
+        if move == "canary" and target is not None:
             return await self._start_canary(target, now, d.reason if forced is None else None)
-        return await self._rollout(target, d.reason if forced is None else Reason.SWITCH_MANUAL)
+        if move == "rollout" and target is not None:
+            return await self._rollout(target, d.reason if forced is None else Reason.SWITCH_MANUAL)
+        return "hold", why
 
     async def _start_canary(
         self, target: str, now: float, reason: Reason | None

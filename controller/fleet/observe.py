@@ -69,12 +69,18 @@ class FleetObserver:
                 return ReplicaObservation(name, profile, None, str(e))
             prev = self.prev.get(name)
             self.prev[name] = snap
-            if prev is None or prev.profile != snap.profile or snap.t_s <= prev.t_s:
-                return ReplicaObservation(name, profile, None, None)
-            return ReplicaObservation(name, profile, diff(prev, snap))
+            return ReplicaObservation(name, profile, replica_window(prev, snap))
 
         results = await asyncio.gather(*(one(n) for n in self.urls))
         return {r.replica: r for r in results}
+
+
+def replica_window(prev: Snapshot | None, snap: Snapshot) -> Observation | None:
+    """One replica's window between two scrapes; None on its first scrape after a start, after
+    a profile change, or when the clock did not move (pure: the bench's fleet replay uses it)."""
+    if prev is None or prev.profile != snap.profile or snap.t_s <= prev.t_s:
+        return None
+    return diff(prev, snap)
 
 
 def _mean(vals: Sequence[float | None]) -> float | None:
