@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtr
 
+from policies import hybrid_decide
 from policies.chain import Z90
 from policies.changepoint import (
     ChangeMonitor,
@@ -67,6 +68,7 @@ from policies.estimators import (
     spec_from_dict,
     spec_to_dict,
 )
+from policies.hybrid_decide import HybridState
 from policies.overhead import NonDecodeTime, wall_estimate
 from policies.trial import TrialOutcome, TrialSettings, assess_trial
 from policies.types import (
@@ -196,6 +198,24 @@ class PolicySettings:
     # every prediction on every 10 s tick would cost most of a replay's time budget.
     reeval_interval_s: float = 60.0
     reeval_rel_change: float = 0.05
+    # Hybrid profiles (adaptive profiles whose table specpilot writes; policies/hybrid_decide.py).
+    # The server's max running requests: batch sizes are padded to CUDA-graph sizes up to it
+    # and tables get buckets up to it (SGLang forces 48 with speculation when unset).
+    hybrid_max_running_requests: int = 48
+    # The batch-size distribution the long-run rule values profiles over forgets with this
+    # half-life: the hour a restart has to pay back in (hybrid_horizon_s).
+    hybrid_batch_half_life_s: float = 3600.0
+    # Observed seconds in that distribution before the long-run rule acts (half an hour of
+    # traffic shows whether regimes flip faster than restarts pay).
+    hybrid_min_history_s: float = 1800.0
+    # The long-run rule applies while the expected remaining regime is shorter than this, and a
+    # switch it makes must repay its restart within it (amortisation_horizon_s's hour).
+    hybrid_horizon_s: float = 3600.0
+    # Tables are regenerated at most this often, and at once after a change in acceptance or
+    # cycle time or a move of the mix: costs drift over tens of minutes (FIELD.md's boots).
+    hybrid_regen_interval_s: float = 600.0
+    # A step is a candidate of a bucket within this fraction of the best tier (margin_frac).
+    hybrid_table_margin: float = 0.02
 
 
 @dataclass
@@ -242,6 +262,8 @@ class PolicyState:
     explore_declined: dict[str, str] = field(default_factory=dict)
     # Windows ingested since the running profile booted (traffic streams skip the first).
     boot_windows: int = 0
+    # Adaptive profiles' tables and the batch-size history (None without adaptive profiles).
+    hybrid: HybridState | None = None
 
     @property
     def specs(self) -> dict[str, ProfileSpec]:
@@ -281,6 +303,7 @@ class PolicyState:
             "stream_acc": _jsonable(self.stream_acc),
             "explore_declined": dict(self.explore_declined),
             "boot_windows": self.boot_windows,
+            "hybrid": self.hybrid.to_dict() if self.hybrid is not None else None,
         }
 
     @classmethod
@@ -317,6 +340,7 @@ class PolicyState:
             stream_acc=_jsonable(d.get("stream_acc", {})),
             explore_declined={str(k): str(v) for k, v in d.get("explore_declined", {}).items()},
             boot_windows=int(d.get("boot_windows", 0)),
+            hybrid=HybridState.from_dict(d["hybrid"]) if d.get("hybrid") else None,
         )
 
 
@@ -356,10 +380,15 @@ def _new_model(profiles: Sequence[ProfileSpec], s: PolicySettings) -> Throughput
 
 
 def initial_state(
-    profiles: Sequence[ProfileSpec], running: str, now_s: float, settings: PolicySettings
+    profiles: Sequence[ProfileSpec],
+    running: str,
+    now_s: float,
+    settings: PolicySettings,
+    adaptive_tables: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> PolicyState:
     """Fresh state for `profiles` with `running` serving since `now_s` (the dwell starts now:
-    the policy has no estimates of it yet either)."""
+    the policy has no estimates of it yet either). `adaptive_tables`: per adaptive profile
+    {"table": JSON, "managed": bool} (hybrid_decide.new_state; default: managed, seed table)."""
     names = [p.name for p in profiles]
     if running not in names:
         raise ValueError(f"running profile {running!r} is not one of {names}")
@@ -383,6 +412,7 @@ def initial_state(
         tried={running},
         settings=settings,
         overhead=NonDecodeTime(half_life_s=settings.nondecode_half_life_s),
+        hybrid=hybrid_decide.new_state(tuple(profiles), adaptive_tables, float(now_s)),
     )
 
 
@@ -608,6 +638,8 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
         return "reset"
     sig = state.model.observe(obs)
     state.overhead.update(obs)
+    if state.hybrid is not None:
+        hybrid_decide.observe(state.hybrid, sig.batch, obs.window_s, s)
     _boot_check(state, obs, s)
     p = obs.profile
     streams: list[tuple[str, float | None]] = []
@@ -781,10 +813,12 @@ def _switch(
 def _decode_predictions(state: PolicyState, stale_widen: float) -> list[ProfilePrediction]:
     """The cycle model's predictions: decode tokens per decode second (B x E[L] / T(B))."""
     fresh = state.last_model_change_s
-    return [
+    preds = [
         state.model.predict(p.name, fresh_since_s=fresh, stale_widen=stale_widen)
         for p in state.profiles
     ]
+    # Adaptive profiles: SGLang's rule on their table, priced like the fixed ones.
+    return hybrid_decide.replace_predictions(state, preds, state.settings)
 
 
 def _to_wall(pr: ProfilePrediction, per_token_s: float | None) -> ProfilePrediction:
@@ -890,6 +924,12 @@ def decide(
         # (the first window of a burst looks like a new regime of unknown length).
         diag["change_suspected"] = suspect
         return _hold(now_s, state, Reason.HOLD_BURST, diag)
+    if state.hybrid is not None:
+        # Traffic flipping faster than restarts pay: value every profile over the batch sizes
+        # served (and rewrite the running adaptive table when that pays).
+        hd = hybrid_decide.long_run(state, now_s, s, diag)
+        if hd is not None:
+            return state, hd
     key = _eval_key(state)
     cache = state.eval_cache
     reuse = _reusable(cache, key, now_s, s) if cache is not None else "no"
@@ -1207,6 +1247,8 @@ def on_switch_done(
         return state
     state.failed.pop(profile, None)
     state.rollback_to = None
+    if state.hybrid is not None:
+        hybrid_decide.on_switch_done(state.hybrid, profile, ok)
     # on_switch_done's signature carries no settings: use those of the last decide.
     s = state.settings
     _adopt(state, profile, now_s, s, learned_restart_s=downtime_s)

@@ -1,0 +1,578 @@
+"""Hybrid profiles inside the decision: adaptive profiles predicted like fixed ones, their tables
+kept current, and the long-run rule for traffic that changes faster than a restart pays.
+
+Owns `HybridState` (per adaptive profile: the table its next launch gets, the table the running
+server has, a newer table not yet worth a restart; a forgotten histogram of the batch sizes
+served; table events for the shell to record) and the hooks policies.decide calls:
+- `observe`: one window's batch size into the histogram;
+- `predict`: an adaptive profile's prediction at a batch size (policies.hybrid.predict_adaptive
+  on the fixed profiles' cycle estimates and acceptance, wall time as decide converts it);
+- `refresh_tables`: generate each managed profile's table from the estimates now (at most every
+  `hybrid_regen_interval_s`, or at once after a change in acceptance or cycle time); a profile
+  not running takes the new table for free, the running one keeps it as a candidate;
+- `long_run`: when regimes are shorter than `hybrid_horizon_s` (the traffic flips faster than a
+  restart repays, so the current batch size says little about the next hour) and the histogram
+  holds at least `hybrid_min_history_s`, every profile is valued over the batch-size
+  distribution (true baseline, fixed profiles and adaptive ones alike, each at its predicted
+  tok/s per batch size), and a switch, or a restart of the running adaptive profile with its
+  candidate table, happens only when the switch rule's economics say it pays over that horizon:
+  (N - C - margin) x (H - R) > C x R. With long regimes it only weighs a table rewrite at the
+  current batch size with the regime's horizon; everything else is decide's ordinary rule.
+
+Must not: read clocks, do I/O, or import anything outside stdlib/numpy/scipy and policies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from policies.estimators import AGGREGATE, batch_bucket
+from policies.hybrid import (
+    DEFAULT_BUCKETS,
+    AcceptModel,
+    CycleFn,
+    accept_model_from,
+    adaptive_breakdown,
+    generate_table,
+    rewrite_pays,
+    seed_table,
+    table_distance,
+    tier_cycle_from,
+)
+from policies.overhead import wall_estimate
+from policies.types import Decision, Estimate, ProfilePrediction, ProfileSpec, Reason
+
+if TYPE_CHECKING:
+    from policies.decide import PolicySettings, PolicyState
+
+# Candidate steps of an adaptive profile whose flags name none (SGLang's default table's union).
+DEFAULT_CANDIDATES = (0, 1, 3, 5, 7)
+# Table events kept for the shell (it drains them every tick).
+MAX_EVENTS = 20
+# A bucket of the batch-size histogram counts as a regime of its own from this share of the
+# observed time: below it, the traffic is one regime with noise and decide's own rule applies.
+MIN_REGIME_SHARE = 0.1
+
+
+@dataclass
+class HybridState:
+    """Tables of the adaptive profiles and the batch-size history (JSON-serialisable)."""
+
+    # profile -> {"table", "managed", "running_table", "candidate", "t_s", "reason"}
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    batch_w: dict[str, float] = field(default_factory=dict)  # str(batch) -> forgotten seconds
+    last_regen_s: float | None = None
+    regen_key: str | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    lr_cache: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tables": _copy(self.tables),
+            "batch_w": dict(self.batch_w),
+            "last_regen_s": self.last_regen_s,
+            "regen_key": self.regen_key,
+            "events": _copy(self.events),
+            "lr_cache": _copy(self.lr_cache),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> HybridState:
+        return cls(
+            tables=_copy(d.get("tables", {})),
+            batch_w={str(k): float(v) for k, v in d.get("batch_w", {}).items()},
+            last_regen_s=d.get("last_regen_s"),
+            regen_key=d.get("regen_key"),
+            events=_copy(d.get("events", [])),
+            lr_cache=_copy(d.get("lr_cache")),
+        )
+
+    def launch_table(self, profile: str) -> dict[str, Any] | None:
+        """The table the next launch of `profile` gets (what the shell writes to its file)."""
+        t = self.tables.get(profile)
+        return None if t is None else t["table"]
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        out, self.events = self.events, []
+        return out
+
+
+def _copy(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): _copy(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_copy(v) for v in x]
+    return x
+
+
+def new_state(
+    profiles: tuple[ProfileSpec, ...],
+    tables: Mapping[str, Mapping[str, Any]] | None,
+    now_s: float,
+) -> HybridState | None:
+    """A HybridState for the adaptive profiles (None without any). `tables` may give a profile
+    {"table": JSON, "managed": bool}: managed tables are specpilot's to rewrite; an unmanaged
+    one (the user's own --speculative-adaptive-config, or SGLang's default) is only predicted.
+    An adaptive profile not in `tables` is managed and starts from seed_table."""
+    adaptive = [p for p in profiles if p.adaptive]
+    if not adaptive:
+        return None
+    hs = HybridState()
+    given = tables or {}
+    for p in adaptive:
+        g = given.get(p.name)
+        managed = True if g is None else bool(g.get("managed", True))
+        table = (
+            dict(g["table"])
+            if g is not None and g.get("table") is not None
+            else seed_table(p.candidate_steps or DEFAULT_CANDIDATES)
+        )
+        hs.tables[p.name] = {
+            "table": table,
+            "managed": managed,
+            "running_table": None,
+            "candidate": None,
+            "t_s": float(now_s),
+            "reason": "seed" if g is None else "given",
+        }
+    return hs
+
+
+def observe(hs: HybridState, batch: float | None, window_s: float, s: PolicySettings) -> None:
+    """One window's batch size (from decode moments or running requests) into the histogram."""
+    lam = 0.5 ** (max(window_s, 0.0) / s.hybrid_batch_half_life_s)
+    hs.batch_w = {k: v * lam for k, v in hs.batch_w.items() if v * lam > 1e-3}
+    if batch is None or not math.isfinite(batch) or batch < 1 or window_s <= 0:
+        return
+    k = str(round(batch))
+    hs.batch_w[k] = hs.batch_w.get(k, 0.0) + window_s
+
+
+def on_switch_done(hs: HybridState, profile: str, ok: bool) -> None:
+    """A launch of `profile` came up with its launch table."""
+    t = hs.tables.get(profile)
+    if t is not None and ok:
+        t["running_table"] = t["table"]
+        t["candidate"] = None
+    hs.lr_cache = None
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs from the estimators
+
+
+def _fixed_specs(state: PolicyState, spec: ProfileSpec) -> list[ProfileSpec]:
+    return [
+        p
+        for p in state.profiles
+        if p.speculative
+        and not p.adaptive
+        and p.topk == 1
+        and p.algorithm == spec.algorithm
+        and p.num_steps >= 1
+    ]
+
+
+def _baseline(state: PolicyState) -> str | None:
+    return next((p.name for p in state.profiles if not p.speculative), None)
+
+
+def inputs(
+    state: PolicyState, spec: ProfileSpec, mix: Mapping[str, float] | None = None
+) -> tuple[AcceptModel, CycleFn] | None:
+    """Acceptance and tier cycle times for `spec`'s tiers, read off the fixed profiles of the
+    same drafter (their accept lengths per workload; their cycle estimates; the baseline's for
+    tier 0). None without a speculative profile with an accept prediction."""
+    fixed = _fixed_specs(state, spec)
+    fresh = state.last_model_change_s
+    model = state.model
+
+    def acc(p: str, w: str) -> Estimate | None:
+        ap = model.accept.predict(p, w, fresh)
+        return None if ap is None else ap.estimate
+
+    mx = dict(mix) if mix is not None else model.mix.shares()
+    am = accept_model_from(acc, fixed, mx) if mx else None
+    if am is None:
+        am = accept_model_from(acc, fixed, {AGGREGATE: 1.0})
+    if am is None:
+        return None
+    by_steps: dict[int, Any] = {}
+    for p in sorted(fixed, key=lambda p: p.name):
+        by_steps.setdefault(p.num_steps, lambda b, n=p.name: model.cycle.estimate(n, b))
+    base = _baseline(state)
+    cyc = tier_cycle_from(
+        by_steps, (lambda b: model.cycle.estimate(base, b)) if base is not None else None
+    )
+    return am, cyc
+
+
+def predict(
+    state: PolicyState,
+    spec: ProfileSpec,
+    batch: float | None,
+    s: PolicySettings,
+    table: Mapping[str, Any] | None = None,
+) -> ProfilePrediction | None:
+    """Decode tok/s of adaptive `spec` at `batch` with `table` (default: the running table if it
+    runs, else its launch table). None when the estimates cannot price it."""
+    hs = state.hybrid
+    if hs is None or spec.name not in hs.tables or batch is None or batch < 1:
+        return None
+    t = hs.tables[spec.name]
+    if table is None:
+        table = t["running_table"] if state.running == spec.name and t["running_table"] else None
+        table = table or t["table"]
+    ins = inputs(state, spec)
+    if ins is None:
+        return None
+    am, cyc = ins
+    br = adaptive_breakdown(
+        table, am, cyc, batch, launch_steps=spec.num_steps, max_bs=s.hybrid_max_running_requests
+    )
+    if br is None:
+        return None
+    tok = br.tok_s
+    L = br.accept_length
+    return ProfilePrediction(
+        spec.name,
+        tok,
+        accept_length=Estimate(L, L * tok.low / tok.mean, L * tok.high / tok.mean, tok.n),
+        cycle_s=Estimate(br.cycle_s, br.cycle_s, br.cycle_s, tok.n),
+        observed_tok_s=state.model.observed_tok_s(spec.name),
+        source="adaptive_model",
+    )
+
+
+def replace_predictions(
+    state: PolicyState, preds: list[ProfilePrediction], s: PolicySettings
+) -> list[ProfilePrediction]:
+    """decide's decode predictions with every adaptive profile's from its table, where the
+    estimates can price it (else the profile's own-data prediction stays)."""
+    if state.hybrid is None:
+        return preds
+    b = state.model.concurrency.estimate()
+    specs = state.specs
+    out = []
+    for pr in preds:
+        spec = specs[pr.profile]
+        hp = predict(state, spec, b, s) if spec.adaptive else None
+        out.append(hp if hp is not None else pr)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+
+
+def _regen_key(state: PolicyState) -> str:
+    mix = {k: round(v, 1) for k, v in state.model.mix.shares().items()}
+    return f"model={state.last_model_change_s!r} mix={sorted(mix.items())!r}"
+
+
+def refresh_tables(state: PolicyState, now_s: float, s: PolicySettings) -> None:
+    """Regenerate the managed tables from the estimates now (throttled, see module docs)."""
+    hs = state.hybrid
+    if hs is None:
+        return
+    key = _regen_key(state)
+    due = hs.last_regen_s is None or now_s - hs.last_regen_s >= s.hybrid_regen_interval_s
+    if not due and key == hs.regen_key:
+        return
+    hs.last_regen_s, hs.regen_key = float(now_s), key
+    for name, t in hs.tables.items():
+        if not t["managed"]:
+            continue
+        spec = state.specs[name]
+        ins = inputs(state, spec)
+        if ins is None:
+            continue
+        am, cyc = ins
+
+        def means(b: float, g: int, cyc: CycleFn = cyc) -> Estimate | None:
+            e = cyc(b, g)
+            return None if e is None else Estimate(e.mean, e.mean, e.mean, e.n)
+
+        try:
+            table, choices = generate_table(
+                means,
+                am,
+                spec.candidate_steps or DEFAULT_CANDIDATES,
+                DEFAULT_BUCKETS,
+                max_bs=s.hybrid_max_running_requests,
+                launch_steps=spec.num_steps,
+                margin=s.hybrid_table_margin,
+            )
+        except ValueError:
+            continue  # no tier priced at some batch size yet
+        current = t["candidate"] if t["candidate"] is not None else t["table"]
+        if state.running == name and t["running_table"] is not None and t["candidate"] is None:
+            current = t["running_table"]
+        if table_distance(current, table, s.hybrid_max_running_requests) == 0.0:
+            continue
+        estimates = {
+            "alphas": {w: a.to_dict() for w, a in am.alphas.items()},
+            "mix": dict(am.shares),
+            "buckets": [
+                {
+                    "bucket": c.lower,
+                    "points": list(c.points),
+                    "fixed_score": {str(g): v for g, v in c.fixed_score.items()},
+                    "kept": list(c.kept),
+                    "score": c.score,
+                    "cycle_s": {
+                        str(g): e.mean
+                        for g in c.fixed_score
+                        if (e := cyc(float(c.points[len(c.points) // 2]), g)) is not None
+                    },
+                }
+                for c in choices
+            ],
+        }
+        if state.running == name and t["running_table"] is not None:
+            t["candidate"] = table
+            reason = "candidate"
+        else:
+            t["table"] = table
+            reason = "generated"
+        t["t_s"], t["reason"] = float(now_s), reason
+        hs.events.append(
+            {
+                "t_s": float(now_s),
+                "profile": name,
+                "table": table,
+                "estimates": estimates,
+                "reason": reason,
+            }
+        )
+        del hs.events[:-MAX_EVENTS]
+        hs.lr_cache = None
+
+
+# --------------------------------------------------------------------------------------------
+# The long-run rule
+
+
+def _points(hs: HybridState) -> list[tuple[float, float]]:
+    """(mean batch, weight) per half-octave bucket of the batch-size histogram."""
+    acc: dict[int, list[float]] = {}
+    for k, w in hs.batch_w.items():
+        b = float(k)
+        a = acc.setdefault(batch_bucket(b), [0.0, 0.0])
+        a[0] += w
+        a[1] += w * b
+    return sorted((a[1] / a[0], a[0]) for a in acc.values() if a[0] > 0)
+
+
+def _value(
+    state: PolicyState,
+    name: str,
+    pts: list[tuple[float, float]],
+    s: PolicySettings,
+    table: Mapping[str, Any] | None = None,
+) -> tuple[Estimate, Estimate] | None:
+    """(wall tok/s, decode tok/s) of `name` averaged over the batch-size distribution."""
+    spec = state.specs[name]
+    per_tok = state.overhead.per_token_s()
+    tot = sum(w for _, w in pts)
+    acc = [0.0, 0.0, 0.0, 0.0]
+    n = math.inf
+    for b, w in pts:
+        if spec.adaptive:
+            pr = predict(state, spec, b, s, table)
+        else:
+            pr = state.model.predict(
+                name, batch=b, fresh_since_s=state.last_model_change_s, stale_widen=s.stale_widen
+            )
+        if pr is None or pr.tok_s is None:
+            return None
+        wall = wall_estimate(pr.tok_s, per_tok)
+        acc[0] += w * wall.mean
+        acc[1] += w * wall.low
+        acc[2] += w * (wall.high if math.isfinite(wall.high) else wall.mean * 10)
+        acc[3] += w * pr.tok_s.mean
+        n = min(n, pr.tok_s.n)
+    mean = acc[0] / tot
+    dec = acc[3] / tot
+    return Estimate(mean, acc[1] / tot, acc[2] / tot, n), Estimate(dec, dec, dec, n)
+
+
+def long_run(
+    state: PolicyState, now_s: float, s: PolicySettings, diag: dict[str, Any]
+) -> Decision | None:
+    """The hybrid part of a decision (see the module docstring); None: decide's own rule."""
+    from policies import decide as D
+
+    hs = state.hybrid
+    if hs is None:
+        return None
+    refresh_tables(state, now_s, s)
+    age = now_s - state.regime_start_s
+    horizon = state.regimes.expected_remaining_s(age)
+    pts = _points(hs)
+    observed = sum(w for _, w in pts)
+    regimes = sum(1 for _, w in pts if w >= MIN_REGIME_SHARE * observed)
+    active = observed >= s.hybrid_min_history_s and horizon < s.hybrid_horizon_s and regimes >= 2
+    run = hs.tables.get(state.running)
+    rewrite = run is not None and run["managed"] and run["candidate"] is not None
+    if not active and not rewrite:
+        return None
+    key = (
+        f"{state.running}|{state.last_model_change_s!r}|{sorted(state.tried)}|"
+        f"{sorted(state.failed)}|{active}|{rewrite}"
+    )
+    c = hs.lr_cache
+    if c is not None and c["key"] == key and now_s - c["t_s"] < s.reeval_interval_s:
+        if c["reason"] is None:
+            return None
+        diag.update(c["diag"])
+        return D._hold(now_s, state, Reason(c["reason"]), diag)
+    if not active:
+        # Long regimes: a rewrite of the running table at the batch size now, decide's horizon.
+        b = state.model.concurrency.estimate()
+        spec = state.specs[state.running]
+        cur = predict(state, spec, b, s)
+        new = predict(state, spec, b, s, run["candidate"]) if run is not None else None
+        if cur is None or new is None or cur.tok_s is None or new.tok_s is None:
+            hs.lr_cache = {"key": key, "t_s": now_s, "reason": None, "diag": {}}
+            return None
+        r = D._restart(state, state.running, s)
+        pays, net = rewrite_pays(
+            cur.tok_s,
+            new.tok_s,
+            horizon_s=horizon,
+            restart_s=r,
+            margin_frac=s.margin_frac,
+            margin_z=s.margin_z,
+        )
+        diag.update(
+            table_rewrite_net_tokens=net, table_rewrite_gain_tok_s=new.tok_s.mean - cur.tok_s.mean
+        )
+        if pays and age >= s.burst_wait_factor * r:
+            return _rewrite(state, now_s, s, diag, new.tok_s)
+        hs.lr_cache = {"key": key, "t_s": now_s, "reason": None, "diag": {}}
+        return None
+
+    blocked = {p for p, t in state.failed.items() if now_s - t < s.failed_profile_backoff_s}
+    values: dict[str, tuple[Estimate, Estimate]] = {}
+    for p in state.profiles:
+        if p.name in blocked and p.name != state.running:
+            continue
+        v = _value(state, p.name, pts, s)
+        if v is None:
+            if p.name not in state.tried:
+                return None  # an unpriced, untried profile: decide's exploration weighs it
+            continue
+        values[p.name] = v
+    cur_v = values.get(state.running)
+    if cur_v is None:
+        return None
+    diag["long_run"] = True
+    diag["long_run_horizon_s"] = s.hybrid_horizon_s
+    for name, (v, _) in values.items():
+        diag[f"long_run_tok_s.{name}"] = v.mean
+    options: list[tuple[float, str, bool]] = []
+    for name, (v, _) in values.items():
+        if name == state.running:
+            continue
+        pays, net = rewrite_pays(
+            cur_v[0],
+            v,
+            horizon_s=s.hybrid_horizon_s,
+            restart_s=D._restart(state, name, s),
+            margin_frac=s.margin_frac,
+            margin_z=s.margin_z,
+        )
+        if pays:
+            options.append((net, name, False))
+    if rewrite and run is not None:
+        nv = _value(state, state.running, pts, s, run["candidate"])
+        if nv is not None:
+            diag["long_run_tok_s.candidate_table"] = nv[0].mean
+            pays, net = rewrite_pays(
+                cur_v[0],
+                nv[0],
+                horizon_s=s.hybrid_horizon_s,
+                restart_s=D._restart(state, state.running, s),
+                margin_frac=s.margin_frac,
+                margin_z=s.margin_z,
+            )
+            if pays:
+                options.append((net, state.running, True))
+    if options:
+        net, name, is_rewrite = max(options)
+        diag["long_run_net_tokens"] = net
+        if D._restarts_last_hour(state, now_s) >= s.restart_budget_per_hour:
+            return D._hold(now_s, state, Reason.HOLD_BUDGET, diag)
+        if is_rewrite:
+            b = state.model.concurrency.estimate()
+            pr = predict(state, state.specs[name], b, s, run["candidate"] if run else None)
+            return _rewrite(state, now_s, s, diag, pr.tok_s if pr else None)
+        if D._is_flap(state, name, now_s, s):
+            return D._hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
+        b = state.model.concurrency.estimate()
+        target = _now_prediction(state, name, b, s)
+        return D._switch(
+            now_s,
+            state,
+            name,
+            Reason.SWITCH_PREDICTED_GAIN,
+            diag,
+            target,
+            wall_estimate(target, state.overhead.per_token_s()) if target else None,
+        )
+    best = max(values, key=lambda n: (values[n][0].mean, n == state.running))
+    reason = Reason.HOLD_BEST if best == state.running else Reason.HOLD_WITHIN_MARGIN
+    kept = {k: v for k, v in diag.items() if k != "intake"}
+    hs.lr_cache = {"key": key, "t_s": now_s, "reason": reason.value, "diag": kept}
+    return D._hold(now_s, state, reason, diag)
+
+
+def _now_prediction(
+    state: PolicyState, name: str, batch: float | None, s: PolicySettings
+) -> Estimate | None:
+    """The target's decode rate at the batch size now (what its trial checks)."""
+    spec = state.specs[name]
+    if spec.adaptive:
+        pr = predict(state, spec, batch, s)
+    else:
+        pr = state.model.predict(
+            name, batch=batch, fresh_since_s=state.last_model_change_s, stale_widen=s.stale_widen
+        )
+    return None if pr is None else pr.tok_s
+
+
+def _rewrite(
+    state: PolicyState,
+    now_s: float,
+    s: PolicySettings,
+    diag: dict[str, Any],
+    predicted: Estimate | None,
+) -> Decision:
+    """Restart the running adaptive profile with its candidate table."""
+    from policies import decide as D
+
+    hs = state.hybrid
+    assert hs is not None
+    t = hs.tables[state.running]
+    t["table"], t["candidate"] = t["candidate"], None
+    t["t_s"], t["reason"] = float(now_s), "rewrite"
+    hs.events.append(
+        {
+            "t_s": float(now_s),
+            "profile": state.running,
+            "table": t["table"],
+            "estimates": {},
+            "reason": "rewrite",
+        }
+    )
+    del hs.events[:-MAX_EVENTS]
+    hs.lr_cache = None
+    diag["adaptive_table_rewrite"] = True
+    wall = wall_estimate(predicted, state.overhead.per_token_s()) if predicted else None
+    return D._switch(
+        now_s, state, state.running, Reason.SWITCH_PREDICTED_GAIN, diag, predicted, wall
+    )
