@@ -6,6 +6,7 @@ that led to it and those after it."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,29 @@ import pytest
 from tests.controller.daemon_support import config, reader, running_daemon, server_pids, wait_for
 
 
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def actuator_log() -> Iterator[Lines]:
+    logger = logging.getLogger("controller.actuators.process")
+    lines, level = Lines(), logger.level
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    yield lines
+    logger.removeHandler(lines)
+    logger.setLevel(level)
+
+
 async def test_daemon_simulator_load_switches_and_records(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, actuator_log: Lines
 ) -> None:
-    caplog.set_level(logging.INFO)
     # One stream on the tuned field profile: speculation pays, so starting on baseline the
     # controller explores (and may then move on a predicted gain, judged as a trial).
     raw = config(tmp_path)
@@ -70,6 +90,6 @@ async def test_daemon_simulator_load_switches_and_records(
     assert len(observations) >= 4
     # Bounded drain under load: the in-server clients never go idle, so each switch drained for
     # drain_timeout_s and aborted the rest (and stopping took no longer than its own bound).
-    assert any("aborted via /pause_generation" in m for m in caplog.messages)
+    assert any("aborted via /pause_generation" in m for m in actuator_log.messages)
     # owns_server: the daemon's clean stop stopped the server.
     assert not server_pids(s)
