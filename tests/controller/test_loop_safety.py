@@ -204,3 +204,31 @@ async def test_advisory_mode_never_calls_the_actuator(make: Any) -> None:
     assert not any(d["acted"] for d in acted)
     assert all(d["mode"] == "advisory" for d in decisions)
     assert c.running is None
+
+
+async def test_funnel_calls_on_start_only_when_it_really_acts() -> None:
+    from controller.actuators import Funnel
+
+    act = ScriptedActuator()
+    mode = [Mode.ADVISORY]
+    funnel = Funnel(act, lambda: mode[0])  # type: ignore[arg-type]
+    started: list[int] = []
+
+    def on_start() -> None:
+        started.append(len(act.calls))  # how many actuator calls had run before it
+
+    r = await funnel.switch("eagle3-2step", on_start=on_start)
+    assert r.outcome is SwitchOutcome.SKIPPED_ADVISORY and started == [] and act.calls == []
+    mode[0] = Mode.ACTIVE
+    funnel.block("person must look")
+    r = await funnel.start("eagle3-2step", on_start=on_start)
+    assert r.outcome is SwitchOutcome.REFUSED_BUSY and started == []
+    funnel.clear_block()
+    act.gate = asyncio.Event()
+    first = asyncio.create_task(funnel.switch("eagle3-2step", on_start=on_start))
+    await asyncio.wait_for(act.in_flight.wait(), 5)
+    r = await funnel.switch("eagle3-5step", on_start=on_start)  # one in flight: refused
+    assert r.outcome is SwitchOutcome.REFUSED_BUSY
+    act.gate.set()
+    assert (await first).ok
+    assert started == [0] and act.calls == [("switch", "eagle3-2step")]
