@@ -140,6 +140,9 @@ class Controller:
         """Warm start from the store, then adopt a running server (or wait for the one an
         interrupted switch was starting) or start the initial profile."""
         now = self.clock.now()
+        # Durable operator state first: a mode set to advisory or a block set before the last
+        # stop must hold for this start too.
+        self._load_overrides(now)
         interrupted = self.store.open_switch()
         probe = await self.actuator.probe()
         if probe.up and probe.profile is not None:
@@ -172,6 +175,11 @@ class Controller:
                     "advisory mode and no server on %s: waiting for one to adopt",
                     self.settings.server.base_url,
                 )
+            elif sid is None and self.funnel.blocked_reason is not None:
+                # Blocked before this start: wait for a person (the status says why); once the
+                # block is cleared the loop starts this profile.
+                self.last_good = self.last_good or first
+                log.error("not starting %s: %s", first, result.error)
             elif result.outcome is not SwitchOutcome.OK:
                 raise RuntimeError(f"could not start profile {first}: {result.error}")
             else:
@@ -196,7 +204,6 @@ class Controller:
                 self.psettings,
             )
         self._settle_restored_state()
-        self._load_overrides(now)
         self.metrics.set_profile(self.running)
         self.metrics.set_mode(self.mode)
 

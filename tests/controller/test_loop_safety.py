@@ -232,3 +232,33 @@ async def test_funnel_calls_on_start_only_when_it_really_acts() -> None:
     act.gate.set()
     assert (await first).ok
     assert started == [0] and act.calls == [("switch", "eagle3-2step")]
+
+
+async def test_a_restart_keeps_the_operators_mode_and_block(make: Any) -> None:
+    first = ScriptedActuator()
+    first.outcomes["eagle3-5step"] = SwitchOutcome.UNKNOWN
+    c1 = await make(first)
+    c1.start_manual_switch("eagle3-5step", "try", "test")
+    assert c1._manual is not None
+    await c1._manual
+    assert c1.funnel.blocked_reason is not None
+    # The next controller finds nothing running: the block still stands, so it starts nothing
+    # and says why; once a person clears it, the last good profile comes back.
+    second = ScriptedActuator(up=None)
+    c2 = await make(second)
+    assert second.calls == [] and c2.running is None
+    assert c2.funnel.blocked_reason == c1.funnel.blocked_reason
+    assert "blocked" in c2.status()["target"]["down_reason"]
+    await tick(c2, 2)
+    assert second.calls == []
+    c2.clear_block("checked", "test")
+    for _ in range(10):
+        await tick(c2)
+        if second.calls:
+            break
+    assert second.calls == [("start", "baseline")] and c2.running == "baseline"
+    # An advisory mode set through the API holds across a restart too (the config says active).
+    c2.set_mode(Mode.ADVISORY, "hands off", "test")
+    third = ScriptedActuator(up=None)
+    c3 = await make(third)
+    assert c3.mode is Mode.ADVISORY and third.calls == []
