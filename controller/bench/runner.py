@@ -63,6 +63,10 @@ def run_scenario(
 ) -> ScenarioResult:
     """Measure, compute the oracles, replay the selected policies (all by default; the static
     profiles and the oracles always, since every ratio needs them) and build the rows."""
+    if scenario.replicas > 1:  # a fleet: the same rows, from fleet replays (bench/fleet.py)
+        from controller.bench.fleet import run_fleet_scenario
+
+        return run_fleet_scenario(scenario, policies, progress=progress)
     t0 = time.perf_counter()
     known = policy_names(scenario)
     wanted = list(known) if policies is None else list(policies)

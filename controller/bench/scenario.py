@@ -93,6 +93,9 @@ _TOP_KEYS = {
     "kind",
     "phases",
     "workloads",
+    "replicas",
+    "max_unavailable_fraction",
+    "canary",
 }
 _PHASE_KEYS = {
     "duration_s",
@@ -226,6 +229,11 @@ class Scenario:
     max_running_requests: int | None = None
     kind: str = "stationary"
     hours_scale: float = 1.0
+    # Fleet mode (controller/bench/fleet.py): N replicas behind a round-robin router; `phases`
+    # concurrency is then the fleet's. None: [fleet]'s default (controller/fleet/settings.py).
+    replicas: int = 1
+    max_unavailable_fraction: float | None = None
+    canary: bool | None = None
     _sim: SimProfile | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -438,6 +446,23 @@ def _phases(
     return tuple(phases)
 
 
+def _fleet_keys(source: str, raw: Mapping[str, Any]) -> tuple[int, float | None, bool | None]:
+    """`replicas` (default 1: one server) and, only with replicas >= 2, the fleet's
+    `max_unavailable_fraction` (in (0, 1], as [fleet]) and `canary` (true/false)."""
+    replicas = _int(source, "replicas", raw.get("replicas", 1), minimum=1)
+    frac, canary = raw.get("max_unavailable_fraction"), raw.get("canary")
+    for key, v in (("max_unavailable_fraction", frac), ("canary", canary)):
+        if v is not None and replicas < 2:
+            raise ScenarioError(source, key, "only with replicas >= 2 (a fleet)")
+    if frac is not None:
+        frac = _num(source, "max_unavailable_fraction", frac)
+        if frac > 1.0:
+            raise ScenarioError(source, "max_unavailable_fraction", f"must be <= 1 (got {frac})")
+    if canary is not None and not isinstance(canary, bool):
+        raise ScenarioError(source, "canary", f"must be true or false (got {canary!r})")
+    return replicas, frac, canary
+
+
 def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "<dict>") -> Scenario:
     """Validate a parsed scenario document (see the module docstring)."""
     _unknown(source, "", raw, _TOP_KEYS)
@@ -500,6 +525,7 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "<dict>") -> Sce
         raise ScenarioError(source, "kind", f"must be one of {', '.join(SCENARIO_KINDS)}")
     workloads = {k: _bench_workload(w) for k, w in _workloads(source, raw.get("workloads")).items()}
     phases = _phases(source, raw["phases"], workloads, repeat)
+    replicas, max_unavailable, canary = _fleet_keys(source, raw)
     if kind is None:
         kind = "stationary" if len(phases) == 1 else "changing"
     return Scenario(
@@ -516,6 +542,9 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "<dict>") -> Sce
         workloads=workloads,
         max_running_requests=mrr,
         kind=kind,
+        replicas=replicas,
+        max_unavailable_fraction=max_unavailable,
+        canary=canary,
         _sim=sim,
     )
 
