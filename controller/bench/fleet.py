@@ -662,3 +662,27 @@ def run_fleet_scenario(
         wall_s=time.perf_counter() - t0,
         timings=timings,
     )
+
+
+def fleet_notes(res: ScenarioResult) -> list[str]:
+    """Lines the report prints under a fleet scenario's table: the fleet's settings and
+    specpilot's canaries (the table's switch counts merge them, see the module docstring)."""
+    sc = res.scenario
+    if sc.replicas < 2:
+        return []
+    fs = fleet_settings(sc)
+    lines = [
+        f"fleet: {sc.replicas} replicas, at most {fs.max_unavailable()} out of the router at "
+        f"once, specpilot's canary {'on' if fs.canary.enabled else 'off'}"
+    ]
+    rep = res.replays.get("specpilot")
+    canaries = rep.canaries if isinstance(rep, FleetReplay) else []
+    if canaries:
+        outcomes = [c.outcome for c in canaries]
+        lines.append(
+            f"specpilot canaries: {len(canaries)} ({outcomes.count('promoted')} promoted, "
+            f"{outcomes.count('rolled_back')} rolled back"
+            + (f", {outcomes.count('unfinished')} unfinished" if "unfinished" in outcomes else "")
+            + ")"
+        )
+    return lines

@@ -19,6 +19,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from controller.bench.fleet import fleet_notes
 from controller.bench.harness import Replay
 from controller.bench.metrics import Row
 from controller.bench.runner import PEERS, ScenarioResult
@@ -46,6 +47,8 @@ def scenario_table(res: ScenarioResult) -> Table:
     title = f"{sc.name} [{sc.kind}]"
     if sc.hours_scale != 1.0:
         title += f" (hours x{sc.hours_scale:g})"
+    if sc.replicas > 1:
+        title += f" ({sc.replicas} replicas)"
     t = Table(title=title, caption=sc.description or None, title_justify="left")
     t.add_column("policy")
     t.add_column("tokens", justify="right")
@@ -125,6 +128,8 @@ def print_results(
             missed += not ok
             mark = "[green]met[/green]   " if ok else "[red]MISSED[/red]"
             console.print(f"  {mark} {text}")
+        for note in fleet_notes(res):
+            console.print(f"  {note}")
         if timing:
             hours = res.scenario.duration_s / 3600.0
             worst = max(res.timings.items(), key=lambda kv: kv[1])
@@ -246,7 +251,9 @@ def plot_scenario(res: ScenarioResult, path: Path) -> None:
     axb.set_xlim(0, hours)
     axb.set_xlabel("hours")
     handles = [Patch(color=colours[p], label=p) for p in sc.profiles]
-    handles.append(Patch(color="0.8", label="restarting"))
+    # In a fleet the grey is a rolling switch or a canary: the fleet keeps serving.
+    grey = "restarting" if sc.replicas < 2 else "rolling switch / canary"
+    handles.append(Patch(color="0.8", label=grey))
     axb.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=6, fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

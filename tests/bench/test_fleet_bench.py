@@ -7,18 +7,20 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from controller.bench import fleet as fb
 from controller.bench.harness import Replay, Segment, SwitchEvent
 from controller.bench.metrics import JSON_KEYS
 from controller.bench.oracles import Measurements, phase_rates
 from controller.bench.peers import Specpilot, Static
-from controller.bench.report import json_rows
-from controller.bench.runner import run_scenario
+from controller.bench.report import json_rows, plot_scenario, print_results
+from controller.bench.runner import ScenarioResult, run_scenario
 from controller.bench.scenario import Scenario, ScenarioError, bench_profile, load_scenario
 from controller.bench.scenario import scenario_from_dict as from_dict
 from policies.types import Action, Decision, Observation, ProfileSpec, Reason
@@ -424,9 +426,13 @@ def test_a_fleet_replay_needs_a_fleet() -> None:
         fb.fleet_replay(make_scenario(), Static("baseline"))
 
 
-def test_fleet_rows_have_the_json_keys_and_every_policy() -> None:
-    res = run_scenario(fleet_scenario())
-    rows = json_rows([res])
+@pytest.fixture(scope="module")
+def fleet_result() -> ScenarioResult:
+    return run_scenario(fleet_scenario())
+
+
+def test_fleet_rows_have_the_json_keys_and_every_policy(fleet_result: ScenarioResult) -> None:
+    rows = json_rows([fleet_result])
     assert rows and all(tuple(r) == JSON_KEYS for r in rows)
     names = [r["policy"] for r in rows]
     assert names[:4] == ["specpilot", "oracle_dp", "oracle_free", "best_static"]
@@ -434,6 +440,21 @@ def test_fleet_rows_have_the_json_keys_and_every_policy() -> None:
     by = {r["policy"]: r for r in rows}
     assert by["oracle_dp"]["ratio_oracle_dp"] == 1.0
     assert all(isinstance(r["false_switches"], int) for r in rows)
+
+
+def test_report_shows_the_fleet(fleet_result: ScenarioResult, tmp_path: Path) -> None:
+    console = Console(record=True, width=140)
+    print_results([fleet_result], console)
+    text = console.export_text()
+    assert "(3 replicas)" in text
+    assert "fleet: 3 replicas, at most 1 out of the router at once, specpilot's canary on" in text
+    # specpilot tries 5-step on one replica at one stream each, and promotes it.
+    canaries = fleet_result.replays["specpilot"].canaries  # type: ignore[attr-defined]
+    assert canaries and canaries[0].outcome == "promoted"
+    assert f"specpilot canaries: {len(canaries)} (1 promoted" in text
+    png = tmp_path / "f.png"
+    plot_scenario(fleet_result, png)
+    assert png.stat().st_size > 10_000
 
 
 def test_unavailable_rows_are_refused_in_a_fleet() -> None:
