@@ -490,7 +490,7 @@ class Controller:
                 from_profile, d.profile, d.reason.value, self.clock.now(), decision_id
             )
             rec["switch_id"] = sid
-            if d.reason is Reason.SWITCH_PREDICTED_GAIN:
+            if d.reason in (Reason.SWITCH_PREDICTED_GAIN, Reason.SWITCH_MANUAL):
                 # The trial exists from the decision on; it runs once the profile serves.
                 self.store.record_trial(
                     sid,
@@ -552,7 +552,7 @@ class Controller:
         self.scrape_errors = 0  # a new server (or none): its own count starts
         if reason.value.startswith("rollback"):
             self.metrics.rollbacks.labels(reason.value).inc()
-        pending_trial = reason is Reason.SWITCH_PREDICTED_GAIN
+        pending_trial = reason in (Reason.SWITCH_PREDICTED_GAIN, Reason.SWITCH_MANUAL)
         if result.outcome is SwitchOutcome.REFUSED_BUSY:
             # Nothing was touched; the next tick adopts what holds the port.
             self.state.pending = None
@@ -906,6 +906,9 @@ class Controller:
         self._manual = asyncio.create_task(self._manual_switch(d))
 
     async def _manual_switch(self, d: Decision) -> SwitchResult:
+        if d.reason is Reason.SWITCH_MANUAL and self.state is not None:
+            # Still a trial: judged against the model's prediction for the target, if it has one.
+            policy.begin_manual_switch(self.state, d.profile, d.t_s)
         result, sid = await self._actuate(d, start=False, manual=True)
         if sid is not None:
             self._after_switch(result, d.reason, d.t_s, sid)

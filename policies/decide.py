@@ -806,6 +806,24 @@ def _switch(
     return state, Decision(now_s, Action.SWITCH, target, reason, diag)
 
 
+def begin_manual_switch(state: PolicyState, target: str, now_s: float) -> Estimate | None:
+    """An operator asked for a one-off switch to `target` (POST /v1/switch): record it as the
+    pending switch, with the target's predicted rate when the model has one, so that the restart
+    is judged as a trial like a switch the policy chose (no prediction: nothing to judge).
+    Returns the predicted tok/s (wall time). Updates `state` in place."""
+    if target not in state.specs:
+        raise ValueError(f"unknown profile {target!r}")
+    s = state.settings
+    decode = {p.profile: p for p in _decode_predictions(state, s.stale_widen)}
+    per_token_s = state.overhead.per_token_s()
+    dec = decode.get(target)
+    wall = _to_wall(dec, per_token_s) if dec is not None else None
+    predicted = dec.tok_s if dec is not None else None
+    predicted_wall = wall.tok_s if wall is not None else None
+    _record_switch(state, now_s, target, Reason.SWITCH_MANUAL, predicted, predicted_wall)
+    return predicted_wall
+
+
 # --------------------------------------------------------------------------------------------
 # The policy
 
@@ -1252,7 +1270,8 @@ def on_switch_done(
     # on_switch_done's signature carries no settings: use those of the last decide.
     s = state.settings
     _adopt(state, profile, now_s, s, learned_restart_s=downtime_s)
-    if matched and pending is not None and pending["reason"] == Reason.SWITCH_PREDICTED_GAIN.value:
+    judged = (Reason.SWITCH_PREDICTED_GAIN.value, Reason.SWITCH_MANUAL.value)
+    if matched and pending is not None and pending["reason"] in judged:
         if pending.get("predicted") is not None:
             state.trial = {
                 "profile": profile,

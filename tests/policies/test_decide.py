@@ -393,3 +393,25 @@ def test_drift_findings_within_a_boot_and_across_boots() -> None:
     dr.run(40, 8, HI, MIX, Overrides(pin_profile="baseline"))
     tok = [f for f in dr.state.findings if f.subject == "baseline_tok_s"]
     assert tok and tok[-1].after < 0.95 * tok[-1].before and tok[-1].unit == "tok/s"
+
+
+def test_manual_switch_is_a_trial(warm_state) -> None:  # type: ignore[no-untyped-def]
+    """POST /v1/switch: an operator's one-off switch is judged like the policy's own switches
+    when the model predicts the target; without a prediction there is nothing to judge."""
+    from policies.decide import begin_manual_switch
+
+    state = PolicyState.from_dict(warm_state)
+    assert state.running == "eagle5"
+    predicted = begin_manual_switch(state, "baseline", T)
+    assert predicted is not None and predicted.mean > 0
+    assert state.pending is not None and state.pending["reason"] == Reason.SWITCH_MANUAL.value
+    state = on_switch_done(state, "baseline", True, 150.0, T + 150.0)
+    assert state.trial is not None and state.trial["profile"] == "baseline"
+    assert state.trial["from"] == "eagle5"
+
+    cold = initial_state(PROFILES, "baseline", 0.0, S)
+    assert begin_manual_switch(cold, "eagle5", 10.0) is None
+    cold = on_switch_done(cold, "eagle5", True, 150.0, 160.0)
+    assert cold.trial is None
+    with pytest.raises(ValueError, match="unknown profile"):
+        begin_manual_switch(cold, "nope", 200.0)
