@@ -278,6 +278,35 @@ def reload_config(daemon: Daemon, *, ready: bool = True) -> bool:
     return True
 
 
+async def serve_fleet(settings: Settings) -> int:
+    """Fleet mode ([fleet] replicas > 0, docs/FLEET.md): the fleet loop (router, replicas,
+    canaries, rolling switches) until SIGTERM/SIGINT. Its state lives in the fleet controller; the
+    single-server REST API and database are not served in this mode."""
+    from controller.fleet.controller import FleetController
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with httpx.AsyncClient(
+        timeout=settings.controller.scrape_timeout_s, trust_env=False
+    ) as client:
+        ctl = FleetController(
+            settings,
+            settings.fleet,
+            clock=ScaledClock(settings.controller.time_scale),
+            client=client,
+        )
+        await ctl.startup()
+        notify.notify("READY=1")
+        try:
+            await ctl.run(stop, lambda c: notify.notify("WATCHDOG=1"))
+        finally:
+            notify.notify("STOPPING=1")
+            await ctl.shutdown()
+    return 0
+
+
 def run_daemon(config_path: Path) -> int:
     """`specpilot run --config FILE`: exit 78 for a bad file, 1 when the server cannot be
     started or adopted, 0 after a clean stop."""
@@ -289,6 +318,8 @@ def run_daemon(config_path: Path) -> int:
     setup_logging(settings.controller.log_level)
 
     async def main() -> int:
+        if settings.fleet.enabled:
+            return await serve_fleet(settings)
         daemon = await build(settings, config_path=config_path)
         return await serve(daemon)
 
