@@ -107,8 +107,10 @@ class SimRequest:
 class InternalLoad:
     """Closed-loop clients simulated inside the server (`POST /sim/load`): the same requests
     as HTTP clients would send, without one HTTP round trip per request, so that high
-    --sim-speed and concurrency stay closed-loop on a small host. They stop refilling when
-    the server drains (as a load balancer stops routing to a server whose health is 503)."""
+    --sim-speed and concurrency stay closed-loop on a small host. They send nothing new while
+    generation is paused or the server drains, as a router stops routing to a server whose
+    /ready is 503 (SGLang's is_ready() is false while paused or after SIGTERM; a request that
+    does arrive while paused waits in SGLang's tokenizer manager and holds the SIGTERM drain)."""
 
     concurrency: int = 0
     mix: dict[str, float] = field(default_factory=lambda: {"default": 1.0})
@@ -315,9 +317,11 @@ class Simulation:
 
     def _refill_internal(self, arrival_v: float | None = None) -> None:
         """Top the in-server clients up to their concurrency; a client whose request the
-        engine just finished sends its next one at that instant (`arrival_v`)."""
+        engine just finished sends its next one at that instant (`arrival_v`). Nothing while
+        paused or draining: requests sent then would never finish before the SIGTERM drain
+        (see InternalLoad); the run loop refills after /continue_generation."""
         load = self.internal
-        if self.draining or self.status != "up":
+        if self.paused or self.draining or self.status != "up":
             return
         names, weights = list(load.mix), list(load.mix.values())
         while len(load.in_flight) < load.concurrency:

@@ -105,3 +105,35 @@ def test_rejected_flags_exit_1_without_binding(sim_process: type[SimProcess]) ->
     assert "ValueError" in p.output()
     p2 = sim_process(["--bogus-flag"])
     assert p2.proc.wait(15) == 2
+
+
+def test_pause_then_sigterm_under_internal_load_exits_promptly(
+    sim_process: type[SimProcess],
+) -> None:
+    """The in-server clients stop sending while generation is paused (SGLang's /ready is 503 then,
+    so a router sends nothing new), so a SIGTERM after /pause_generation drains at once instead
+    of waiting for requests that a paused engine never finishes."""
+    p = sim_process(FAST)
+    p.wait_up()
+    load = {"concurrency": 8, "max_new_tokens": 5000}  # long: none finishes within the test
+    assert httpx.post(f"{p.url}/sim/load", json=load).json()["in_flight"] == 8
+
+    def in_flight() -> int:
+        return int(httpx.get(f"{p.url}/sim/load").json()["in_flight"])
+
+    paused = httpx.post(f"{p.url}/pause_generation", json={"mode": "abort"})
+    assert paused.status_code == 200
+    time.sleep(0.3)  # many decode-loop ticks
+    assert in_flight() == 0
+    # Resuming brings the clients back.
+    assert httpx.post(f"{p.url}/continue_generation").status_code == 200
+    deadline = time.monotonic() + 5
+    while in_flight() < 8 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert in_flight() == 8
+
+    assert httpx.post(f"{p.url}/pause_generation", json={"mode": "abort"}).status_code == 200
+    t0 = time.monotonic()
+    p.proc.send_signal(signal.SIGTERM)
+    assert p.proc.wait(5) == 0  # a stop timeout of minutes would otherwise end in SIGKILL
+    assert time.monotonic() - t0 < 3.0
