@@ -20,10 +20,11 @@ from typing import BinaryIO
 import httpx
 
 from controller.actuators.base import ServerState, SwitchOutcome, SwitchResult, check_profile
-from controller.actuators.endpoint import Endpoint
+from controller.actuators.endpoint import Endpoint, poll_interval
 from controller.actuators.identify import describe_shape, matching_profiles
 from controller.actuators.proctree import (
     ProcessTree,
+    port_listening,
     port_owner,
     process_environ,
     read_pid_file,
@@ -280,6 +281,7 @@ class ProcessActuator:
             log.info("%s", drained)
             paused = drained.paused
         t0 = self.clock.monotonic()
+        child = self._proc if state.pid is not None and state.pid == self._child_pid() else None
         if state.pid is not None:
             ok, detail = await self._stop(state.pid)
             log.info("stop %s (pid %d): %s", from_profile, state.pid, detail)
@@ -293,16 +295,46 @@ class ProcessActuator:
                     self.clock.monotonic() - t0,
                     error=f"could not stop the old server: {detail}",
                 )
-        if await self.endpoint.port_open():
+        if not await self._released(child):
             return SwitchResult(
                 SwitchOutcome.UNKNOWN,
                 from_profile,
                 profile,
                 self.clock.monotonic() - t0,
-                error=f"port {self.server.port} is still in use after the stop: not starting "
-                "a second server",
+                error=f"port {self.server.port} is still in use "
+                f"{self.server.stop_timeout_s:g} s after the stop: not starting a second server",
             )
         return await self._launch(profile, from_profile, t0)
+
+    async def _released(self, child: subprocess.Popen[bytes] | None) -> bool:
+        """Whether the port is closed and `child` (our stopped server, if it was ours) reaped,
+        waiting up to stop_timeout_s (server time) more: a stopped server's socket and device
+        memory can outlive what the process table shows for a moment (a killed multi-threaded
+        process exits thread by thread), and a second server must not start on them."""
+        t0 = self.clock.monotonic()
+        deadline = t0 + self.server.stop_timeout_s
+        slept = False
+        while True:
+            reaped = child is None or child.poll() is not None
+            if reaped and not await self._port_in_use():
+                if slept:
+                    log.info(
+                        "port %d released %.1f s after the stop",
+                        self.server.port,
+                        self.clock.monotonic() - t0,
+                    )
+                return True
+            now = self.clock.monotonic()
+            if now >= deadline:
+                return False
+            await self.clock.sleep(min(poll_interval(self.clock), deadline - now))
+            slept = True
+
+    async def _port_in_use(self) -> bool:
+        listening = port_listening(self.server.port)
+        if listening is not None:
+            return listening
+        return await self.endpoint.port_open()  # the system does not tell: try to connect
 
     async def _stop(self, pid: int) -> tuple[bool, str]:
         reap = self._proc.poll if self._proc is not None and self._proc.pid == pid else None

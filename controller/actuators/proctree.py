@@ -58,12 +58,21 @@ def remove_pid_file(path: str, pid: int | None = None) -> None:
         Path(path).unlink()
 
 
+def _live(proc: psutil.Process) -> bool:
+    """Not a zombie, or a zombie thread-group leader whose other threads still run: the leader of
+    a multi-threaded process (SGLang's) can turn zombie before its other threads have exited,
+    and they still hold the process's sockets (the port) and device memory. A true zombie
+    holds nothing (PID 1 of a container may never reap it). Raises psutil.Error when gone."""
+    if proc.status() != psutil.STATUS_ZOMBIE:
+        return True
+    return proc.num_threads() > 1
+
+
 def running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie holds no resources; PID 1 of a container may never reap
-    it)."""
+    """Alive (see _live: a zombie leader with live threads still runs)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return _live(psutil.Process(pid))
+    except (psutil.Error, OSError):
         return False
 
 
@@ -95,6 +104,17 @@ def listeners(port: int) -> set[int]:
         for c in conns
         if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
     }
+
+
+def port_listening(port: int) -> bool | None:
+    """Whether any socket listens on TCP `port` (on any address, whoever owns it); None when the
+    system does not tell. Unlike a connect, this does not hang on a listener whose backlog is
+    full because nothing accepts any more (a server that is half gone)."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return None
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
 
 def port_owner(port: int) -> int | None:
@@ -164,7 +184,7 @@ class ProcessTree:
         out = []
         for pid, proc in self.procs.items():
             try:
-                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                if proc.is_running() and _live(proc):
                     out.append(pid)
             except psutil.Error:
                 continue
@@ -175,9 +195,9 @@ class ProcessTree:
 
     def _group_members(self) -> list[int]:
         members = []
-        for proc in psutil.process_iter(["pid", "status"]):
+        for proc in psutil.process_iter(["pid"]):
             try:
-                if os.getpgid(proc.pid) == self.pid and proc.status() != psutil.STATUS_ZOMBIE:
+                if os.getpgid(proc.pid) == self.pid and _live(proc):
                     members.append(proc.pid)
             except (OSError, psutil.Error):
                 continue

@@ -444,3 +444,58 @@ async def test_an_unwritable_log_file_is_start_failed(tmp_path: Path, make: Fact
     assert r.outcome is SwitchOutcome.START_FAILED
     assert "log_file" in (r.error or "")
     assert act._proc is None
+
+
+async def test_a_zombie_leader_with_live_threads_is_still_running(
+    tmp_path: Path, make: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server's main thread is gone (its pid shows as a zombie) while its other threads
+    serve the port and take 0.5 real s to exit after SIGTERM: the stop waits for them, and the
+    switch then starts the new server instead of finding the port in use."""
+    from controller.actuators import proctree
+
+    s = settings(tmp_path, fake=True, env={"FAKE_ZOMBIE_LEADER_S": "0.5"}, stop_timeout_s=200.0)
+    act = make(s)
+    assert (await act.start("baseline")).outcome is SwitchOutcome.OK
+    pid = (await act.probe()).pid
+    assert pid is not None
+    import psutil
+
+    assert wait_until(lambda: psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    assert proctree.running(pid) and proctree.ProcessTree(pid).alive() == [pid]
+    caplog.set_level(logging.INFO, logger="controller.actuators")
+    r = await act.switch("eagle3-2step")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    assert r.downtime_s >= 40.0  # 0.5 real s of teardown at 100x (and not a SIGKILL)
+    assert "exited after SIGTERM" in caplog.text and "SIGKILL" not in caplog.text
+    assert not proctree.running(pid)
+
+
+async def test_switch_waits_a_bounded_time_for_the_port_after_the_stop(
+    tmp_path: Path, make: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Something outside the server's tree (here a detached process that inherited the socket)
+    keeps the port for 0.5 real s after the server is gone: the switch waits for it (at most
+    stop_timeout_s) instead of calling the outcome unknown."""
+    s = settings(tmp_path, fake=True, env={"FAKE_PORT_HOLDER_S": "0.5"}, stop_timeout_s=200.0)
+    act = make(s)
+    assert (await act.start("baseline")).outcome is SwitchOutcome.OK
+    caplog.set_level(logging.INFO, logger="controller.actuators")
+    r = await act.switch("eagle3-2step")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    assert r.downtime_s >= 40.0
+    assert "released" in caplog.text
+
+    # Held longer than stop_timeout_s (50 server s = 0.5 real s): UNKNOWN, and nothing started.
+    s2 = settings(
+        tmp_path, fake=True, port=s.server.port, env={"FAKE_PORT_HOLDER_S": "20"},
+        stop_timeout_s=50.0,
+    )  # fmt: skip
+    await act.shutdown()
+    act2 = make(s2)
+    assert (await act2.start("baseline")).outcome is SwitchOutcome.OK
+    pid = (await act2.probe()).pid
+    r = await act2.switch("eagle3-2step")
+    assert r.outcome is SwitchOutcome.UNKNOWN
+    assert "still in use 50 s after the stop" in (r.error or "")
+    assert pid is not None and not alive(pid) and act2._proc is None

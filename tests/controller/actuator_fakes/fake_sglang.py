@@ -6,18 +6,72 @@ launch flags stay SGLang's:
 FAKE_IGNORE_SIGTERM=1 (the process and its child ignore SIGTERM), FAKE_CHILD=1 (spawn a child,
 as SGLang spawns schedulers), FAKE_IN_FLIGHT=N (requests reported in flight until
 /pause_generation), FAKE_EVENTS=path (append one line per /pause_generation),
-FAKE_REPORT_STEPS=N (report this speculative_num_steps whatever the flags say).
+FAKE_REPORT_STEPS=N (report this speculative_num_steps whatever the flags say),
+FAKE_ZOMBIE_LEADER_S=S (the main thread exits at once, so the process leader shows as a zombie
+while the server's threads run; SIGTERM, taken by a thread, ends the process S real seconds
+later, as a multi-threaded server's teardown does), FAKE_PORT_HOLDER_S=S (a detached process,
+outside the server's tree and process group, holds the listening socket until S real seconds
+after the server is gone).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psutil
+
+# Real seconds a detached port holder lives at most, whatever happens to the test.
+_HOLDER_MAX_S = 60.0
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def _detach_port_holder(linger_s: float) -> None:
+    """Double fork (before any thread exists): the grandchild leads its own session, is nobody's
+    descendant, and keeps the inherited listening socket open until `linger_s` after we die."""
+    server_pid = os.getpid()
+    middle = os.fork()
+    if middle:
+        os.waitpid(middle, 0)
+        return
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    end = time.monotonic() + _HOLDER_MAX_S
+    while not _gone(server_pid) and time.monotonic() < end:
+        time.sleep(0.02)
+    time.sleep(min(linger_s, max(0.0, end - time.monotonic())))
+    os._exit(0)
+
+
+def _serve_with_zombie_leader(server: ThreadingHTTPServer, linger_s: float) -> None:
+    # Blocked before any thread starts, so every thread inherits the mask and only sigwait
+    # takes SIGTERM.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def on_sigterm() -> None:
+        signal.sigwait({signal.SIGTERM})
+        time.sleep(linger_s)
+        os._exit(0)
+
+    threading.Thread(target=on_sigterm).start()
+    threading.Thread(target=server.serve_forever).start()
+    # ctypes releases the GIL for the call, so the other threads keep running Python.
+    ctypes.CDLL(None).pthread_exit(None)
 
 
 def main() -> None:
@@ -97,7 +151,11 @@ def main() -> None:
                 self._json(404, {"detail": "Not Found"})
 
     server = ThreadingHTTPServer((args.host, args.port), Handler)
+    if os.environ.get("FAKE_PORT_HOLDER_S"):
+        _detach_port_holder(float(os.environ["FAKE_PORT_HOLDER_S"]))
     print(f"fake sglang on {args.host}:{args.port} pid {os.getpid()}", flush=True)
+    if os.environ.get("FAKE_ZOMBIE_LEADER_S"):
+        _serve_with_zombie_leader(server, float(os.environ["FAKE_ZOMBIE_LEADER_S"]))
     server.serve_forever()
 
 
