@@ -208,11 +208,12 @@ class PolicySettings:
     # Observed seconds in that distribution before the long-run rule acts (half an hour of
     # traffic shows whether regimes flip faster than restarts pay).
     hybrid_min_history_s: float = 1800.0
-    # The long-run rule applies while the expected remaining regime is shorter than this, and a
-    # switch it makes must repay its restart within it (amortisation_horizon_s's hour).
-    hybrid_horizon_s: float = 3600.0
-    # Tables are regenerated at most this often, and at once after a change in acceptance or
-    # cycle time or a move of the mix: costs drift over tens of minutes (FIELD.md's boots).
+    # The long-run rule (traffic flipping faster than restarts pay) expects the batch-size
+    # distribution to hold as long again as it has (Lindy), at most this long: a switch it makes
+    # must repay its restart within it. 4 hours: a service's daily pattern lasts hours.
+    hybrid_horizon_s: float = 14400.0
+    # Tables are regenerated at most this often, and only when their inputs moved (alpha by
+    # 0.01, a tier's cycle time by 2%): costs drift over tens of minutes (FIELD.md's boots).
     hybrid_regen_interval_s: float = 600.0
     # A step is a candidate of a bucket within this fraction of the best tier (margin_frac).
     hybrid_table_margin: float = 0.02
@@ -639,7 +640,7 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
     sig = state.model.observe(obs)
     state.overhead.update(obs)
     if state.hybrid is not None:
-        hybrid_decide.observe(state.hybrid, sig.batch, obs.window_s, s)
+        hybrid_decide.observe(state.hybrid, sig.batch, obs.window_s, obs.t_s, s)
     _boot_check(state, obs, s)
     p = obs.profile
     streams: list[tuple[str, float | None]] = []

@@ -55,6 +55,12 @@ MAX_EVENTS = 20
 # A bucket of the batch-size histogram counts as a regime of its own from this share of the
 # observed time: below it, the traffic is one regime with noise and decide's own rule applies.
 MIN_REGIME_SHARE = 0.1
+# A window batch size 2x the last one's is a flip of the traffic (half-octave buckets move by
+# two); MIN_FLIPS of them within the batch half-life (an hour: regimes of 15 minutes or less,
+# shorter than a few restarts) make the traffic "flipping": the long-run rule applies.
+FLIP_FACTOR = 2.0
+MIN_FLIPS = 4
+MAX_FLIPS = 500
 
 
 @dataclass
@@ -68,6 +74,10 @@ class HybridState:
     regen_key: str | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     lr_cache: dict[str, Any] | None = None
+    # Times the window batch size moved by a factor of 2 or more from the window before (a
+    # regime flip), and the last window's batch size.
+    flips: list[float] = field(default_factory=list)
+    last_batch: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +87,8 @@ class HybridState:
             "regen_key": self.regen_key,
             "events": _copy(self.events),
             "lr_cache": _copy(self.lr_cache),
+            "flips": list(self.flips),
+            "last_batch": self.last_batch,
         }
 
     @classmethod
@@ -88,6 +100,8 @@ class HybridState:
             regen_key=d.get("regen_key"),
             events=_copy(d.get("events", [])),
             lr_cache=_copy(d.get("lr_cache")),
+            flips=[float(x) for x in d.get("flips", [])],
+            last_batch=d.get("last_batch"),
         )
 
     def launch_table(self, profile: str) -> dict[str, Any] | None:
@@ -141,14 +155,38 @@ def new_state(
     return hs
 
 
-def observe(hs: HybridState, batch: float | None, window_s: float, s: PolicySettings) -> None:
-    """One window's batch size (from decode moments or running requests) into the histogram."""
+def observe(
+    hs: HybridState, batch: float | None, window_s: float, t_s: float, s: PolicySettings
+) -> None:
+    """One window's batch size (from decode moments or running requests) into the histogram,
+    and a flip when it moved by a factor of 2 or more since the window before."""
     lam = 0.5 ** (max(window_s, 0.0) / s.hybrid_batch_half_life_s)
     hs.batch_w = {k: v * lam for k, v in hs.batch_w.items() if v * lam > 1e-3}
     if batch is None or not math.isfinite(batch) or batch < 1 or window_s <= 0:
         return
     k = str(round(batch))
     hs.batch_w[k] = hs.batch_w.get(k, 0.0) + window_s
+    last = hs.last_batch
+    if last is not None and max(batch, last) >= FLIP_FACTOR * min(batch, last):
+        hs.flips.append(float(t_s))
+    hs.last_batch = float(batch)
+    hs.flips = [t for t in hs.flips if t_s - t <= 2.0 * s.hybrid_batch_half_life_s][-MAX_FLIPS:]
+
+
+def _flipping(hs: HybridState, now_s: float, s: PolicySettings) -> float | None:
+    """How long the traffic has been flipping (seconds since the first flip of an unbroken run
+    of flips, each within `hybrid_batch_half_life_s` of the next, the last one too), when the
+    last half-life holds at least MIN_FLIPS of them; None otherwise."""
+    hl = s.hybrid_batch_half_life_s
+    recent = [t for t in hs.flips if now_s - t <= hl]
+    if len(recent) < MIN_FLIPS:
+        return None
+    start = hs.flips[-1]
+    for t in reversed(hs.flips[:-1]):
+        if start - t > hl:
+            break
+        start = t
+    return now_s - start
 
 
 def on_switch_done(hs: HybridState, profile: str, ok: bool) -> None:
@@ -268,21 +306,28 @@ def replace_predictions(
 # Tables
 
 
-def _regen_key(state: PolicyState) -> str:
-    mix = {k: round(v, 1) for k, v in state.model.mix.shares().items()}
-    return f"model={state.last_model_change_s!r} mix={sorted(mix.items())!r}"
+def _fingerprint(am: AcceptModel, cyc: CycleFn, steps: tuple[int, ...], max_bs: int) -> str:
+    """The inputs of a table, coarsely: alphas to 0.01, tier cycle times to 2% at every
+    bucket's lower bound. A table is regenerated only when this moves."""
+    al, sh = am.alphas_of("mean")
+    parts = [f"{a:.2f}:{x:.2f}" for a, x in zip(al, sh, strict=True)]
+    for b in DEFAULT_BUCKETS:
+        if b > max_bs:
+            break
+        for g in steps:
+            e = cyc(float(b), g)
+            parts.append("-" if e is None or e.mean <= 0 else str(round(math.log(e.mean) / 0.02)))
+    return "|".join(parts)
 
 
 def refresh_tables(state: PolicyState, now_s: float, s: PolicySettings) -> None:
-    """Regenerate the managed tables from the estimates now (throttled, see module docs)."""
+    """Regenerate the managed tables from the estimates now: at most every
+    `hybrid_regen_interval_s`, and only when their inputs moved (_fingerprint)."""
     hs = state.hybrid
     if hs is None:
         return
-    key = _regen_key(state)
-    due = hs.last_regen_s is None or now_s - hs.last_regen_s >= s.hybrid_regen_interval_s
-    if not due and key == hs.regen_key:
+    if hs.last_regen_s is not None and now_s - hs.last_regen_s < s.hybrid_regen_interval_s:
         return
-    hs.last_regen_s, hs.regen_key = float(now_s), key
     for name, t in hs.tables.items():
         if not t["managed"]:
             continue
@@ -291,6 +336,12 @@ def refresh_tables(state: PolicyState, now_s: float, s: PolicySettings) -> None:
         if ins is None:
             continue
         am, cyc = ins
+        steps = tuple(spec.candidate_steps or DEFAULT_CANDIDATES)
+        fp = _fingerprint(am, cyc, steps, s.hybrid_max_running_requests)
+        if fp == t.get("fingerprint"):
+            continue
+        t["fingerprint"] = fp
+        hs.last_regen_s = float(now_s)
 
         def means(b: float, g: int, cyc: CycleFn = cyc) -> Estimate | None:
             e = cyc(b, g)
@@ -300,7 +351,7 @@ def refresh_tables(state: PolicyState, now_s: float, s: PolicySettings) -> None:
             table, choices = generate_table(
                 means,
                 am,
-                spec.candidate_steps or DEFAULT_CANDIDATES,
+                steps,
                 DEFAULT_BUCKETS,
                 max_bs=s.hybrid_max_running_requests,
                 launch_steps=spec.num_steps,
@@ -415,21 +466,25 @@ def long_run(
     pts = _points(hs)
     observed = sum(w for _, w in pts)
     regimes = sum(1 for _, w in pts if w >= MIN_REGIME_SHARE * observed)
-    active = observed >= s.hybrid_min_history_s and horizon < s.hybrid_horizon_s and regimes >= 2
+    flipping = _flipping(hs, now_s, s)
+    active = observed >= s.hybrid_min_history_s and flipping is not None and regimes >= 2
+    # The batch-size distribution is expected to hold about as long again as it has held
+    # (Lindy), at least the history it was measured over, at most hybrid_horizon_s.
+    lr_h = min(s.hybrid_horizon_s, max(flipping or 0.0, s.hybrid_min_history_s))
     run = hs.tables.get(state.running)
     rewrite = run is not None and run["managed"] and run["candidate"] is not None
     if not active and not rewrite:
         return None
     key = (
         f"{state.running}|{state.last_model_change_s!r}|{sorted(state.tried)}|"
-        f"{sorted(state.failed)}|{active}|{rewrite}"
+        f"{sorted(state.failed)}|{active}|{rewrite}|{round(lr_h, -2)}"
     )
     c = hs.lr_cache
     if c is not None and c["key"] == key and now_s - c["t_s"] < s.reeval_interval_s:
         if c["reason"] is None:
             return None
         diag.update(c["diag"])
-        return D._hold(now_s, state, Reason(c["reason"]), diag)
+        return _hold(now_s, state, Reason(c["reason"]), diag)
     if not active:
         # Long regimes: a rewrite of the running table at the batch size now, decide's horizon.
         b = state.model.concurrency.estimate()
@@ -458,20 +513,28 @@ def long_run(
 
     blocked = {p for p, t in state.failed.items() if now_s - t < s.failed_profile_backoff_s}
     values: dict[str, tuple[Estimate, Estimate]] = {}
+    untried = False
     for p in state.profiles:
         if p.name in blocked and p.name != state.running:
             continue
+        untried = untried or p.name not in state.tried
         v = _value(state, p.name, pts, s)
-        if v is None:
-            if p.name not in state.tried:
-                return None  # an unpriced, untried profile: decide's exploration weighs it
-            continue
-        values[p.name] = v
+        if v is not None:
+            values[p.name] = v
     cur_v = values.get(state.running)
     if cur_v is None:
         return None
     diag["long_run"] = True
-    diag["long_run_horizon_s"] = s.hybrid_horizon_s
+    if untried:
+        # What a run would reveal is worth something over the long-run horizon, not over the
+        # few minutes left of a regime (decide's own weighing, which never explores here).
+        preds = {pr.profile: pr for pr in D.predictions(state, s.stale_widen)}
+        pick = D._exploration(state, preds, cur_v[0].mean, lr_h, math.inf, blocked, now_s, s, diag)
+        if pick is not None:
+            if D._restarts_last_hour(state, now_s) >= s.restart_budget_per_hour:
+                return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
+            return _switch(now_s, state, pick, Reason.EXPLORE, diag)
+    diag["long_run_horizon_s"] = lr_h
     for name, (v, _) in values.items():
         diag[f"long_run_tok_s.{name}"] = v.mean
     options: list[tuple[float, str, bool]] = []
@@ -481,7 +544,7 @@ def long_run(
         pays, net = rewrite_pays(
             cur_v[0],
             v,
-            horizon_s=s.hybrid_horizon_s,
+            horizon_s=lr_h,
             restart_s=D._restart(state, name, s),
             margin_frac=s.margin_frac,
             margin_z=s.margin_z,
@@ -495,7 +558,7 @@ def long_run(
             pays, net = rewrite_pays(
                 cur_v[0],
                 nv[0],
-                horizon_s=s.hybrid_horizon_s,
+                horizon_s=lr_h,
                 restart_s=D._restart(state, state.running, s),
                 margin_frac=s.margin_frac,
                 margin_z=s.margin_z,
@@ -506,16 +569,16 @@ def long_run(
         net, name, is_rewrite = max(options)
         diag["long_run_net_tokens"] = net
         if D._restarts_last_hour(state, now_s) >= s.restart_budget_per_hour:
-            return D._hold(now_s, state, Reason.HOLD_BUDGET, diag)
+            return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
         if is_rewrite:
             b = state.model.concurrency.estimate()
             pr = predict(state, state.specs[name], b, s, run["candidate"] if run else None)
             return _rewrite(state, now_s, s, diag, pr.tok_s if pr else None)
         if D._is_flap(state, name, now_s, s):
-            return D._hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
+            return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
         b = state.model.concurrency.estimate()
         target = _now_prediction(state, name, b, s)
-        return D._switch(
+        return _switch(
             now_s,
             state,
             name,
@@ -528,7 +591,27 @@ def long_run(
     reason = Reason.HOLD_BEST if best == state.running else Reason.HOLD_WITHIN_MARGIN
     kept = {k: v for k, v in diag.items() if k != "intake"}
     hs.lr_cache = {"key": key, "t_s": now_s, "reason": reason.value, "diag": kept}
-    return D._hold(now_s, state, reason, diag)
+    return _hold(now_s, state, reason, diag)
+
+
+def _hold(now_s: float, state: PolicyState, reason: Reason, diag: dict[str, Any]) -> Decision:
+    from policies import decide as D
+
+    return D._hold(now_s, state, reason, diag)[1]
+
+
+def _switch(
+    now_s: float,
+    state: PolicyState,
+    target: str,
+    reason: Reason,
+    diag: dict[str, Any],
+    predicted: Estimate | None = None,
+    predicted_wall: Estimate | None = None,
+) -> Decision:
+    from policies import decide as D
+
+    return D._switch(now_s, state, target, reason, diag, predicted, predicted_wall)[1]
 
 
 def _now_prediction(
@@ -553,7 +636,6 @@ def _rewrite(
     predicted: Estimate | None,
 ) -> Decision:
     """Restart the running adaptive profile with its candidate table."""
-    from policies import decide as D
 
     hs = state.hybrid
     assert hs is not None
@@ -573,6 +655,4 @@ def _rewrite(
     hs.lr_cache = None
     diag["adaptive_table_rewrite"] = True
     wall = wall_estimate(predicted, state.overhead.per_token_s()) if predicted else None
-    return D._switch(
-        now_s, state, state.running, Reason.SWITCH_PREDICTED_GAIN, diag, predicted, wall
-    )
+    return _switch(now_s, state, state.running, Reason.SWITCH_PREDICTED_GAIN, diag, predicted, wall)

@@ -17,9 +17,11 @@ shifts, as the daemon's does).
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -112,8 +114,11 @@ class VirtualServer:
         sim: SimProfile,
         profile: str,
         replay: Replay,
+        table_for: Callable[[str], Mapping[str, Any] | None] | None = None,
     ) -> None:
         self.scenario = scenario
+        # The adaptive table a launch of a profile gets (specpilot_hybrid writes its own).
+        self.table_for = table_for
         self.catalog = catalog
         self.sim = sim
         self.replay = replay
@@ -124,14 +129,24 @@ class VirtualServer:
         self._launch(profile)
 
     # -- lifecycle ----------------------------------------------------------------------------
+    def _spec(self, profile: str) -> Any:
+        """The SpecConfig a launch of `profile` runs: an adaptive profile with the table the
+        policy holds for it now (its --speculative-adaptive-config file), if any."""
+        sim = self.catalog[profile].sim
+        if sim.adaptive and self.table_for is not None:
+            table = self.table_for(profile)
+            if table is not None:
+                sim = dataclasses.replace(sim, adaptive_config=dict(table))
+        return sim
+
     def _launch(self, profile: str) -> None:
         n = self._starts.get(profile, 0)
         self._starts[profile] = n + 1
-        bp = self.catalog[profile]
         self.profile = profile
+        self.spec = self._spec(profile)
         self.engine = WindowEngine(
             self.sim,
-            bp.sim,
+            self.spec,
             self.scenario.workloads,
             seed=engine_seed(self.scenario.seed, self._index[profile], n),
             max_running_requests=self.scenario.max_running_requests,
@@ -144,11 +159,12 @@ class VirtualServer:
         self.moments = np.zeros(6)
         # The accepted-drafts histogram exists (all zeros) from the start, as the simulator
         # reports it; per-workload series appear on first use, as Prometheus labels do.
-        self.hist = np.zeros(max(bp.sim.tiers) + 1 if bp.sim.speculative else 0)
+        self.hist = np.zeros(max(self.spec.tiers) + 1 if self.spec.speculative else 0)
         self.last: WindowResult | None = None
 
     def restart_s(self, profile: str) -> float:
-        return float(self.sim.restart_s(self.catalog[profile].sim))
+        """One CUDA-graph capture per tier: an adaptive launch pays for its table's steps."""
+        return float(self.sim.restart_s(self._spec(profile)))
 
     def restart(self, profile: str, t_s: float) -> float:
         """Stop, relaunch `profile`; the server serves nothing until t_s + restart time.
@@ -211,7 +227,7 @@ class VirtualServer:
 
     def snapshot(self, t_s: float) -> Snapshot:
         """What a scrape of /metrics and /v1/loads would read now."""
-        spec = self.catalog[self.profile].sim
+        spec = self.spec
         r = self.last
         accept_len = accept_rate = num_steps = None
         gen_tp = running = queued = None
@@ -259,9 +275,16 @@ def replay(
         raise ValueError(f"initial profile {initial!r} is not in the catalog")
     end = scenario.duration_s
     out = Replay(scenario.name, policy.name, initial, end)
-    server = VirtualServer(scenario, catalog, scenario.sim_profile(), initial, out)
     specs = [catalog[n].spec for n in scenario.profiles]
     policy.start(specs, initial, 0.0)
+    server = VirtualServer(
+        scenario,
+        catalog,
+        scenario.sim_profile(),
+        initial,
+        out,
+        table_for=getattr(policy, "adaptive_table", None),
+    )
     dt = scenario.poll_interval_s
     t = 0.0
     prev: Snapshot | None = None
@@ -276,7 +299,9 @@ def replay(
         else:
             d = policy.tick(obs, t)
         out.ticks.append(Tick(t, server.profile, last_tok_s, d.action, d.profile, d.reason))
-        if d.action is Action.SWITCH and d.profile != server.profile:
+        # A switch to the running profile restarts it only to rewrite its adaptive table.
+        rewrite = bool(d.diagnostics.get("adaptive_table_rewrite"))
+        if d.action is Action.SWITCH and (d.profile != server.profile or rewrite):
             if d.profile not in catalog:
                 raise ValueError(f"policy {policy.name} asked for unknown profile {d.profile!r}")
             frm = server.profile

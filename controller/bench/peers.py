@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from controller.bench.scenario import ADAPTIVE_PROFILE
+from controller.bench.scenario import ADAPTIVE_PROFILE, HYBRID_PROFILE, bench_profile
 from policies.types import (
     Action,
     Decision,
@@ -291,6 +291,31 @@ class Specpilot:
 
     def switch_done(self, profile: str, ok: bool, downtime_s: float, now_s: float) -> None:
         self.state = self.policy.on_switch_done(self.state, profile, ok, downtime_s, now_s)
+
+
+class SpecpilotHybrid(Specpilot):
+    """specpilot with one more profile: EAGLE-3 in SGLang's adaptive mode with a table specpilot
+    generates from its estimates and rewrites when a restart pays (policies.hybrid_decide). The
+    harness launches that profile with `adaptive_table(profile)` (what the daemon writes to its
+    --speculative-adaptive-config file) and restarts it when a decision rewrites the table."""
+
+    name = "specpilot_hybrid"
+
+    def __init__(self, max_running_requests: int | None = None) -> None:
+        from policies import decide as policy
+
+        # The server's max running requests pads batch sizes and bounds the table's buckets
+        # (SGLang forces 48 with speculation when the flags do not set it).
+        mrr = max_running_requests if max_running_requests is not None else 48
+        super().__init__(policy.PolicySettings(hybrid_max_running_requests=mrr))
+
+    def start(self, profiles: Sequence[ProfileSpec], running: str, now_s: float) -> None:
+        extra = bench_profile(HYBRID_PROFILE).spec
+        super().start([*profiles, extra], running, now_s)
+
+    def adaptive_table(self, profile: str) -> dict[str, Any] | None:
+        hs = self.state.hybrid if self.state is not None else None
+        return hs.launch_table(profile) if hs is not None else None
 
 
 def default_policies(profiles: Sequence[str]) -> list[BenchPolicy]:

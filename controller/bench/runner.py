@@ -21,12 +21,16 @@ from controller.bench.scenario import Scenario
 
 ORACLES = ("oracle_dp", "oracle_free")
 PEERS = ("sglang_adaptive", "vllm_batch_threshold", "greedy", "ucb")
+# specpilot with a hybrid profile (an adaptive profile whose table it writes): its own row,
+# compared with specpilot and sglang_adaptive (issue 10), not one of specpilot's targets.
+HYBRID = "specpilot_hybrid"
 
 
 def policy_names(scenario: Scenario) -> list[str]:
     """Every row name, in report order."""
     return [
         "specpilot",
+        HYBRID,
         *ORACLES,
         "best_static",
         *(f"static:{p}" for p in scenario.profiles),
@@ -34,9 +38,10 @@ def policy_names(scenario: Scenario) -> list[str]:
     ]
 
 
-def _make(name: str) -> peers.BenchPolicy:
+def _make(name: str, scenario: Scenario) -> peers.BenchPolicy:
     factories: dict[str, Callable[[], peers.BenchPolicy]] = {
         "specpilot": peers.Specpilot,
+        HYBRID: lambda: peers.SpecpilotHybrid(scenario.max_running_requests),
         "sglang_adaptive": peers.sglang_adaptive,
         "vllm_batch_threshold": peers.BatchThreshold,
         "greedy": peers.Greedy,
@@ -97,16 +102,16 @@ def run_scenario(
     best_static_name = max(statics, key=lambda n: reps[n].tokens)
     reps["best_static"] = reps[best_static_name]
 
-    for name in ("specpilot", *PEERS):
+    for name in ("specpilot", HYBRID, *PEERS):
         if name in wanted:
             say(f"{scenario.name}: {name}")
-            reps[name] = replay(scenario, _make(name))
+            reps[name] = replay(scenario, _make(name, scenario))
             timings[name] = reps[name].wall_s
 
     # Measured rates: the candidates from their measurement runs, any other profile (the
     # adaptive peer's) from the replays that ran it.
     rates = dict(m.rates)
-    extra = phase_rates(scenario, [r for n, r in reps.items() if n in PEERS])
+    extra = phase_rates(scenario, [r for n, r in reps.items() if n in (*PEERS, HYBRID)])
     for p, r in extra.items():
         rates.setdefault(p, r)
     m.rates = rates

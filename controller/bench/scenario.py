@@ -68,6 +68,13 @@ DEFAULT_PROFILES: tuple[str, ...] = ("baseline", "eagle3-2step", "eagle3-5step")
 ADAPTIVE_PROFILE = "eagle3-adaptive"
 ADAPTIVE_LAUNCH_STEPS = 3
 
+# The specpilot_hybrid peer's extra profile: EAGLE-3 with --speculative-adaptive and a table
+# specpilot generates (policies.hybrid), any of these steps allowed, launched at 1 step (SGLang
+# needs --speculative-num-steps >= 1; a launch tier outside the table costs one more capture).
+HYBRID_PROFILE = "eagle3-hybrid"
+HYBRID_STEPS: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
+HYBRID_LAUNCH_STEPS = 1
+
 # Which of the issue's targets a scenario is judged by: stationary (within 1% of the best static
 # profile, no false switch), changing (>= 10% above it), burst (a change too short to repay a
 # restart: only the oracle_dp and peer targets).
@@ -159,6 +166,21 @@ def bench_profile(name: str) -> BenchProfile:
     `eagle3-adaptive` (the SGLang adaptive peer). Raises ValueError for anything else."""
     if name == "baseline":
         return BenchProfile(ProfileSpec(name=name), SpecConfig.baseline())
+    if name == HYBRID_PROFILE:
+        from policies.hybrid import seed_table
+
+        sim = SpecConfig.eagle3(
+            HYBRID_LAUNCH_STEPS, adaptive=True, adaptive_config=seed_table(HYBRID_STEPS)
+        )
+        spec = ProfileSpec(
+            name=name,
+            num_steps=HYBRID_LAUNCH_STEPS,
+            draft_tokens=HYBRID_LAUNCH_STEPS + 1,
+            algorithm="EAGLE3",
+            adaptive=True,
+            candidate_steps=HYBRID_STEPS,
+        )
+        return BenchProfile(spec, sim)
     if name == ADAPTIVE_PROFILE:
         sim = SpecConfig.eagle3(ADAPTIVE_LAUNCH_STEPS, adaptive=True)
         spec = ProfileSpec(
@@ -251,9 +273,10 @@ class Scenario:
         return load_profile(self.profile, self.profile_overrides)
 
     def catalog(self) -> dict[str, BenchProfile]:
-        """The candidates plus the adaptive peer's profile, by name."""
+        """The candidates plus the adaptive peer's and the hybrid peer's profiles, by name."""
         out = {n: bench_profile(n) for n in self.profiles}
         out.setdefault(ADAPTIVE_PROFILE, bench_profile(ADAPTIVE_PROFILE))
+        out.setdefault(HYBRID_PROFILE, bench_profile(HYBRID_PROFILE))
         return out
 
     def phase_at(self, t_s: float) -> Phase:
@@ -499,11 +522,11 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "<dict>") -> Sce
     if len(set(profiles_raw)) != len(profiles_raw):
         raise ScenarioError(source, "profiles", "names must be unique")
     for i, p in enumerate(profiles_raw):
-        if p == ADAPTIVE_PROFILE:
+        if p in (ADAPTIVE_PROFILE, HYBRID_PROFILE):
             raise ScenarioError(
                 source,
                 f"profiles[{i}]",
-                f"{ADAPTIVE_PROFILE} is the adaptive peer, not a candidate",
+                f"{p} is a peer's own profile, not a candidate",
             )
         try:
             bench_profile(p)

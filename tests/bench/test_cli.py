@@ -51,6 +51,7 @@ def test_short_bench_writes_json_with_exact_keys(tmp_path: Path) -> None:
     policies = [row["policy"] for row in rows]
     assert policies == [
         "specpilot",
+        "specpilot_hybrid",
         "oracle_dp",
         "oracle_free",
         "best_static",
