@@ -37,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from controller import adaptive_tables
 from controller.actuators import Actuator, Funnel, SwitchOutcome, SwitchResult
 from controller.clock import Clock
 from controller.metrics import ControllerMetrics
@@ -202,6 +203,7 @@ class Controller:
                 self.running or self.settings.server.initial_profile,
                 now,
                 self.psettings,
+                adaptive_tables=adaptive_tables.initial_tables(self.settings),
             )
         self._settle_restored_state()
         self.metrics.set_profile(self.running)
@@ -347,8 +349,12 @@ class Controller:
             )
         self.predictions = policy.predictions(self.state)
         self.metrics.set_predictions(self.predictions)
+        # Hybrid profiles: the table a launch gets is on disk before any actuation.
+        adaptive_tables.sync(self.settings, self.state, self.store)
 
-        if decision.action is Action.SWITCH and decision.profile != self.running:
+        # A switch to the running profile restarts it only to rewrite its adaptive table.
+        rewrite = bool(decision.diagnostics.get("adaptive_table_rewrite"))
+        if decision.action is Action.SWITCH and (decision.profile != self.running or rewrite):
             decision = await self._act(decision, now)
         else:
             self._record_decision(decision, acted=False)
@@ -952,6 +958,7 @@ class Controller:
             "estimates": [prediction_view(p) for p in self.predictions],
             "last_decision": decision_view(d) if d else None,
             "target": self.target_view(),
+            "adaptive_tables": adaptive_tables.status_view(self.state),
         }
 
     def target_view(self) -> dict[str, Any]:

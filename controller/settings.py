@@ -155,6 +155,22 @@ class ProfileSettings(_Frozen):
     env: dict[str, str] = Field(default_factory=dict)
     kind: Literal["fixed", "adaptive"] = "fixed"
     description: str = ""
+    candidate_steps: list[int] | None = Field(
+        None,
+        description="kind = 'adaptive' only: the draft steps specpilot's generated table may use "
+        "(0 = no drafting; each step captures its own CUDA graphs at launch). Unset: SGLang's "
+        "default table's steps 0, 1, 3, 5, 7. Not with a --speculative-adaptive-config of your "
+        "own (then the table is yours and specpilot only predicts it).",
+    )
+
+    @field_validator("candidate_steps")
+    @classmethod
+    def _steps(cls, v: list[int] | None) -> list[int] | None:
+        if v is None:
+            return v
+        if not v or any(s < 0 or s > 16 for s in v):
+            raise ValueError(f"candidate_steps must be a non-empty list of ints 0..16, got {v}")
+        return sorted(set(v))
 
     @field_validator("flags")
     @classmethod
@@ -221,13 +237,54 @@ class Settings(_Frozen):
                 raise ConfigError(f"api.token_file {self.api.token_file}: {e}") from e
         return ""
 
-    def launch_argv(self, profile: str) -> list[str]:
-        """The full command line that starts the server with `profile`."""
+    def state_dir(self) -> Path:
+        """Where the database lives (relative paths under $STATE_DIRECTORY when systemd sets
+        it, as controller.daemon.database_path resolves them): generated files go next to it."""
+        p = Path(self.controller.database)
+        state = os.environ.get("STATE_DIRECTORY")
+        if not p.is_absolute() and state:
+            p = Path(state.split(":")[0]) / p
+        return p.parent
+
+    def managed_adaptive(self, profile: str) -> bool:
+        """An adaptive profile whose table specpilot writes (no config file of its own)."""
+        prof = self.profiles[profile]
+        return prof.kind == "adaptive" and "--speculative-adaptive-config" not in _flag_values(
+            prof.flags
+        )
+
+    def adaptive_table_path(self, profile: str) -> Path:
+        """The --speculative-adaptive-config file specpilot writes for a managed profile."""
+        return self.state_dir() / f"adaptive-{profile}.json"
+
+    def adaptive_config_flags(self, profile: str) -> list[str]:
+        """`--speculative-adaptive-config FILE` for a managed adaptive profile, else nothing.
+        Writes the seed table (SGLang's default restricted to candidate_steps) when no table
+        was generated yet, so a launch never names a missing file."""
+        if not self.managed_adaptive(profile):
+            return []
+        path = self.adaptive_table_path(profile)
+        if not path.exists():
+            import json
+
+            from controller.actuators.envfile import write_atomic
+            from policies.hybrid import seed_table
+
+            spec = profile_spec(profile, self.profiles[profile])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps(seed_table(spec.candidate_steps)) + "\n", mode=0o644)
+        return ["--speculative-adaptive-config", str(path)]
+
+    def launch_argv(self, profile: str, extra_flags: Sequence[str] | None = None) -> list[str]:
+        """The full command line that starts the server with `profile`. `extra_flags` default:
+        the generated table's flag for a managed adaptive profile (adaptive_config_flags)."""
         launch = [sys.executable if a == "{python}" else a for a in self.server.launch]
+        extra = self.adaptive_config_flags(profile) if extra_flags is None else list(extra_flags)
         return [
             *launch,
             *self.server.common_flags,
             *self.profiles[profile].flags,
+            *extra,
             "--host",
             self.server.host,
             "--port",
@@ -284,6 +341,8 @@ def profile_spec(name: str, profile: ProfileSettings) -> ProfileSpec:
     (srt/arg_groups/speculative_hook.py): steps unset -> topk and draft tokens must be unset too and
     SGLang picks (3 steps, topk 1, 4 tokens); topk 1 -> draft tokens = steps + 1.
     Raises ValueError with the flag and the reason for flags SGLang would reject."""
+    if profile.candidate_steps is not None and profile.kind != "adaptive":
+        raise ValueError("candidate_steps is for kind = 'adaptive' profiles only")
     vals = _flag_values(profile.flags)
     algo = vals.get("--speculative-algorithm")
     if "--speculative-algorithm" in vals and algo is None:
@@ -329,7 +388,17 @@ def profile_spec(name: str, profile: ProfileSettings) -> ProfileSpec:
     candidates: tuple[int, ...] = ()
     if adaptive:
         cfg = vals.get("--speculative-adaptive-config")
-        candidates = _adaptive_candidates(cfg) if cfg else (0, 1, 3, 5, 7)
+        if cfg and profile.candidate_steps is not None:
+            raise ValueError(
+                "candidate_steps is for tables specpilot writes; with "
+                "--speculative-adaptive-config the table is yours"
+            )
+        if cfg:
+            candidates = _adaptive_candidates(cfg)
+        elif profile.candidate_steps is not None:
+            candidates = tuple(profile.candidate_steps)
+        else:
+            candidates = (0, 1, 3, 5, 7)
         if explicit_steps is None:
             # SGLang starts an adaptive server at the middle of its candidate steps.
             positive = [c for c in candidates if c > 0] or [1]

@@ -220,6 +220,17 @@ class _Reads:
             [*params, int(limit)],
         )
 
+    def adaptive_tables(self, profile: str | None = None, limit: int = 100) -> list[dict]:
+        """Generated adaptive tables, newest first (optionally one profile's)."""
+        if profile is None:
+            return self._rows(
+                "SELECT * FROM adaptive_tables ORDER BY t_s DESC, id DESC LIMIT ?", [int(limit)]
+            )
+        return self._rows(
+            "SELECT * FROM adaptive_tables WHERE profile = ? ORDER BY t_s DESC, id DESC LIMIT ?",
+            [profile, int(limit)],
+        )
+
     def findings(
         self, limit: int = 100, since_s: float | None = None, kind: str | None = None
     ) -> list[dict]:
@@ -677,6 +688,28 @@ class Store(_Reads):
                 "subject": _text(subject),
                 "numbers_json": _json(numbers),
                 "message": _required_text(message, "finding message"),
+            },
+        )
+
+    def record_adaptive_table(
+        self,
+        t_s: float,
+        profile: str,
+        table: Mapping[str, Any],
+        estimates: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> int:
+        """One adaptive table a hybrid profile got, with the estimates it came from."""
+        if not isinstance(table, Mapping) or not table:
+            raise StoreError("adaptive table must be a non-empty mapping")
+        return self._insert(
+            "adaptive_tables",
+            {
+                "t_s": _time(t_s, "adaptive table t_s"),
+                "profile": _required_text(profile, "adaptive table profile"),
+                "table_json": _json(table),
+                "estimates_json": _json(estimates),
+                "reason": _text(reason),
             },
         )
 

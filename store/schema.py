@@ -209,6 +209,25 @@ def m001_initial(db: Database) -> None:
     )
 
 
+@migrations()
+def m002_adaptive_tables(db: Database) -> None:
+    # Append-only: every adaptive table specpilot generated for a hybrid profile (issue 10), with
+    # the estimates it came from and why it was written ("generated", "candidate", "rewrite").
+    db["adaptive_tables"].create(
+        {
+            "id": int,
+            "t_s": float,
+            "profile": str,
+            "table_json": str,
+            "estimates_json": str,
+            "reason": str,
+        },
+        pk="id",
+        not_null={"t_s", "profile", "table_json"},
+    )
+    db["adaptive_tables"].create_index(["profile", "t_s"])
+
+
 def known_migrations() -> frozenset[str]:
     """Names of every migration this code defines (read through the public `pending` API)."""
     return frozenset(m.name for m in migrations.pending(Database(memory=True)))

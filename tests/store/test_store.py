@@ -71,10 +71,10 @@ def test_open_creates_wal_and_migrations(tmp_path: Path) -> None:
         assert s.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert s.db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental
         names = [r[0] for r in s.db.execute("SELECT name FROM _sqlite_migrations")]
-        assert names == ["m001_initial"]
+        assert names == ["m001_initial", "m002_adaptive_tables"]
         assert set(s.counts()) >= {"observations", "decisions", "switches", "state"}
     with Store(path) as s:  # reopening applies nothing twice
-        assert s.db.execute("SELECT COUNT(*) FROM _sqlite_migrations").fetchone()[0] == 1
+        assert s.db.execute("SELECT COUNT(*) FROM _sqlite_migrations").fetchone()[0] == 2
 
 
 def test_newer_database_is_refused(tmp_path: Path) -> None:
