@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The external tools some tests drive: Debian's prometheus (promtool + a real Prometheus server)
-# and chromium (the status page in a headless browser). Idempotent: does nothing when they are
+# The external tools some tests drive: Debian's prometheus (promtool + a real Prometheus server),
+# chromium (the status page in a headless browser) and systemd (systemd-analyze verify). Idempotent: does nothing when they are
 # installed. Never fails the test command: without them (no apt-get, not root, no network) it
 # says so, and the tests that need them skip with that reason.
 set -u
@@ -11,6 +11,9 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
 fi
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
   missing+=(chromium)
+fi
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+  missing+=(systemd)  # systemd-analyze verify checks the shipped units
 fi
 [ "${#missing[@]}" -eq 0 ] && exit 0
 
