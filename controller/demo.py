@@ -23,12 +23,11 @@ from rich.live import Live
 from rich.table import Table
 
 from controller.daemon import build, database_path, serve
+from controller.demo_server import SIM_PROFILE, demo_profiles, sim_common_flags
 from controller.loop import Controller
 from controller.settings import Settings, settings_from_dict
 from simulator.load import LoadGenerator
 from store import Reader
-
-SIM_PROFILE = "kimi-k2.5-pcie-tuned"
 
 
 @dataclass(frozen=True)
@@ -68,47 +67,14 @@ def demo_settings(*, speed: float, sim_port: int, db: Path, log_file: Path) -> S
             "host": "127.0.0.1",
             "port": sim_port,
             "launch": ["{python}", "-m", "simulator"],
-            "common_flags": [
-                "--model-path",
-                "moonshotai/Kimi-K2.5",
-                "--enable-metrics",
-                "--max-running-requests",
-                "64",
-                "--tokenizer-metrics-custom-labels-header",
-                "x-custom-labels",
-                "--tokenizer-metrics-allowed-custom-labels",
-                "workload",
-                "--sim-profile",
-                SIM_PROFILE,
-                "--sim-speed",
-                f"{speed:g}",
-            ],
+            "common_flags": sim_common_flags(speed),
             "initial_profile": "baseline",
             "owns_server": True,
             "log_file": str(log_file),
         },
-        "profiles": {
-            "baseline": {"flags": []},
-            "eagle3-2step": {"flags": _eagle(2)},
-            "eagle3-5step": {"flags": _eagle(5)},
-        },
+        "profiles": demo_profiles(),
     }
     return settings_from_dict(base, source="demo")
-
-
-def _eagle(steps: int) -> list[str]:
-    return [
-        "--speculative-algorithm",
-        "EAGLE3",
-        "--speculative-draft-model-path",
-        "lightseekorg/kimi-k2.5-eagle3",
-        "--speculative-num-steps",
-        str(steps),
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        str(steps + 1),
-    ]
 
 
 def demo_phases(total_sim_s: float) -> list[Phase]:

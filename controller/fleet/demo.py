@@ -26,28 +26,12 @@ from rich.live import Live
 from rich.table import Table
 
 from controller.clock import ScaledClock
+from controller.demo_server import SIM_PROFILE, demo_profiles, sim_common_flags
 from controller.fleet.controller import FleetController
 from controller.fleet.router import free_port
 from controller.fleet.settings import FleetSettings
 from controller.settings import Settings, settings_from_dict
 from simulator.load import LoadGenerator
-
-SIM_PROFILE = "kimi-k2.5-pcie-tuned"
-
-
-def _eagle(steps: int) -> list[str]:
-    return [
-        "--speculative-algorithm",
-        "EAGLE3",
-        "--speculative-draft-model-path",
-        "lightseekorg/kimi-k2.5-eagle3",
-        "--speculative-num-steps",
-        str(steps),
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        str(steps + 1),
-    ]
 
 
 def fleet_sim_settings(
@@ -65,21 +49,7 @@ def fleet_sim_settings(
 ) -> tuple[Settings, FleetSettings]:
     """Settings for N simulator replicas on free loopback ports and a router (launched, or
     adopted at `router_url`). `restart_s` shortens the simulated restart (--sim-override)."""
-    flags = [
-        "--model-path",
-        "moonshotai/Kimi-K2.5",
-        "--enable-metrics",
-        "--max-running-requests",
-        "64",
-        "--tokenizer-metrics-custom-labels-header",
-        "x-custom-labels",
-        "--tokenizer-metrics-allowed-custom-labels",
-        "workload",
-        "--sim-profile",
-        SIM_PROFILE,
-        "--sim-speed",
-        f"{speed:g}",
-    ]
+    flags = sim_common_flags(speed)
     if restart_s is not None:
         flags += ["--sim-override", f"restart_s={restart_s:g}"]
     ports = [free_port() for _ in range(replicas)]
@@ -106,12 +76,7 @@ def fleet_sim_settings(
                 "start_timeout_s": 900.0,
             },
             "policy": policy or {},
-            "profiles": profiles
-            or {
-                "baseline": {"flags": []},
-                "eagle3-2step": {"flags": _eagle(2)},
-                "eagle3-5step": {"flags": _eagle(5)},
-            },
+            "profiles": profiles or demo_profiles(),
         },
         source="fleet demo",
     )
