@@ -70,6 +70,24 @@ class SwitchResult:
         return self.outcome is SwitchOutcome.OK
 
 
+def already_up(state: ServerState, profile: str, port: int, advice: str) -> SwitchResult | None:
+    """What start() answers when the probe found a server up on the port: OK when it runs
+    `profile`, REFUSED_BUSY otherwise (never a second server; `advice` ends the error). None when
+    nothing is up (the caller starts one)."""
+    if not state.up:
+        return None
+    if state.profile == profile:
+        return SwitchResult(SwitchOutcome.OK, profile, profile, 0.0, server_args=state.server_args)
+    return SwitchResult(
+        SwitchOutcome.REFUSED_BUSY,
+        state.profile,
+        profile,
+        0.0,
+        error=f"a server is already up on port {port} ({state.detail}){advice}",
+        server_args=state.server_args,
+    )
+
+
 @runtime_checkable
 class Actuator(Protocol):
     """One way of running the server. Every method is safe to call at any time; none raises for

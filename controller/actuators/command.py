@@ -20,7 +20,13 @@ from collections.abc import Mapping, Sequence
 
 import httpx
 
-from controller.actuators.base import ServerState, SwitchOutcome, SwitchResult, check_profile
+from controller.actuators.base import (
+    ServerState,
+    SwitchOutcome,
+    SwitchResult,
+    already_up,
+    check_profile,
+)
 from controller.actuators.endpoint import Endpoint, at_least_real
 from controller.actuators.identify import describe_shape, matching_profiles
 from controller.actuators.subproc import run_command
@@ -129,20 +135,11 @@ class CommandActuator:
 
     async def start(self, profile: str) -> SwitchResult:
         check_profile(profile, self.settings.profiles)
-        current = await self.probe()
-        if current.up:
-            if current.profile == profile:
-                return SwitchResult(
-                    SwitchOutcome.OK, profile, profile, 0.0, server_args=current.server_args
-                )
-            return SwitchResult(
-                SwitchOutcome.REFUSED_BUSY,
-                current.profile,
-                profile,
-                0.0,
-                error=f"a server is already up on port {self.server.port} ({current.detail}): "
-                "switch to change its profile",
-            )
+        up = already_up(
+            await self.probe(), profile, self.server.port, ": switch to change its profile"
+        )
+        if up is not None:
+            return up
         return await self._run(profile, None, drain=False)
 
     async def switch(self, profile: str) -> SwitchResult:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from controller.actuators.base import SwitchOutcome, SwitchResult
 from policies.types import ProfileSpec
 
 # SGLang resolves NEXTN to EAGLE (srt/arg_groups/speculative_hook.py); settings.profile_spec too.
@@ -105,4 +106,31 @@ def describe_shape(server_args: Mapping[str, Any]) -> str:
     return (
         f"{shape['algorithm']} steps={shape['num_steps']} topk={shape['topk']} "
         f"draft_tokens={shape['draft_tokens']}"
+    )
+
+
+def verify_started(
+    server_args: Mapping[str, Any],
+    specs: Sequence[ProfileSpec],
+    *,
+    profile: str,
+    from_profile: str | None,
+    downtime_s: float,
+    subject: str,
+) -> SwitchResult:
+    """The end of a start that reached /ready: OK when the new server's /server_info matches
+    `profile`; UNKNOWN when `subject` came up in another shape (a person must look)."""
+    names = matching_profiles(server_args, specs)
+    if profile not in names:
+        return SwitchResult(
+            SwitchOutcome.UNKNOWN,
+            from_profile,
+            profile,
+            downtime_s,
+            error=f"{subject} is up but /server_info shows {describe_shape(server_args)}, which "
+            f"matches {names or 'no profile'}, not {profile!r}",
+            server_args=server_args,
+        )
+    return SwitchResult(
+        SwitchOutcome.OK, from_profile, profile, downtime_s, server_args=server_args
     )

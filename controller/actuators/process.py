@@ -19,9 +19,15 @@ from typing import BinaryIO
 
 import httpx
 
-from controller.actuators.base import ServerState, SwitchOutcome, SwitchResult, check_profile
+from controller.actuators.base import (
+    ServerState,
+    SwitchOutcome,
+    SwitchResult,
+    already_up,
+    check_profile,
+)
 from controller.actuators.endpoint import Endpoint, poll_interval
-from controller.actuators.identify import describe_shape, matching_profiles
+from controller.actuators.identify import describe_shape, matching_profiles, verify_started
 from controller.actuators.proctree import (
     ProcessTree,
     port_listening,
@@ -140,20 +146,14 @@ class ProcessActuator:
     async def start(self, profile: str) -> SwitchResult:
         self._check_profile(profile)
         state = await self.probe()
-        if state.up:
-            if state.profile == profile:
-                return SwitchResult(
-                    SwitchOutcome.OK, profile, profile, 0.0, server_args=state.server_args
-                )
-            return SwitchResult(
-                SwitchOutcome.REFUSED_BUSY,
-                state.profile,
-                profile,
-                0.0,
-                error=f"a server is already up on port {self.server.port} ({state.detail}); "
-                "adopted it instead of starting a second one: switch to change its profile",
-                server_args=state.server_args,
-            )
+        up = already_up(
+            state,
+            profile,
+            self.server.port,
+            "; adopted it instead of starting a second one: switch to change its profile",
+        )
+        if up is not None:
+            return up
         if state.pid is not None:
             loading = self._profile if state.pid == self._child_pid() else None
             loading = loading or process_environ(state.pid).get(PROFILE_ENV)
@@ -245,21 +245,17 @@ class ProcessActuator:
                 return failed(SwitchOutcome.UNKNOWN, f"{why}; could not stop it: {report.detail}")
             self._forget(pid)
             return failed(SwitchOutcome.START_FAILED, self._with_tail(f"{why}; stopped it"))
-        info = wait.server_info or {}
-        names = matching_profiles(info, self.specs)
-        downtime = self.clock.monotonic() - t0
-        if profile not in names:
-            return SwitchResult(
-                SwitchOutcome.UNKNOWN,
-                from_profile,
-                profile,
-                downtime,
-                error=f"server is up but /server_info shows {describe_shape(info)}, which "
-                f"matches {names or 'no profile'}, not {profile!r}",
-                server_args=info,
-            )
-        self._profile = profile
-        return SwitchResult(SwitchOutcome.OK, from_profile, profile, downtime, server_args=info)
+        result = verify_started(
+            wait.server_info or {},
+            self.specs,
+            profile=profile,
+            from_profile=from_profile,
+            downtime_s=self.clock.monotonic() - t0,
+            subject="server",
+        )
+        if result.ok:
+            self._profile = profile
+        return result
 
     # ---------------------------------------------------------------- switch / stop
 

@@ -17,9 +17,15 @@ from pathlib import Path
 import httpx
 
 from controller.actuators import envfile
-from controller.actuators.base import ServerState, SwitchOutcome, SwitchResult, check_profile
+from controller.actuators.base import (
+    ServerState,
+    SwitchOutcome,
+    SwitchResult,
+    already_up,
+    check_profile,
+)
 from controller.actuators.endpoint import Endpoint, at_least_real
-from controller.actuators.identify import describe_shape, matching_profiles
+from controller.actuators.identify import describe_shape, matching_profiles, verify_started
 from controller.actuators.subproc import CommandResult, run_command
 from controller.clock import Clock
 from controller.settings import Settings
@@ -148,21 +154,11 @@ class SystemdActuator:
 
     async def start(self, profile: str) -> SwitchResult:
         check_profile(profile, self.settings.profiles)
-        current = await self.probe()
-        if current.up:
-            if current.profile == profile:
-                return SwitchResult(
-                    SwitchOutcome.OK, profile, profile, 0.0, server_args=current.server_args
-                )
-            return SwitchResult(
-                SwitchOutcome.REFUSED_BUSY,
-                current.profile,
-                profile,
-                0.0,
-                error=f"a server is already up on port {self.server.port} ({current.detail}): "
-                "switch to change its profile",
-                server_args=current.server_args,
-            )
+        up = already_up(
+            await self.probe(), profile, self.server.port, ": switch to change its profile"
+        )
+        if up is not None:
+            return up
         state = await self.unit_state()
         if (
             state.get("ActiveState") in ("active", "activating", "reloading")
@@ -245,20 +241,13 @@ class SystemdActuator:
             if not stop.ok:
                 return result(SwitchOutcome.UNKNOWN, f"{why}; {stop.describe()}")
             return result(SwitchOutcome.START_FAILED, await self._with_journal(why))
-        info = wait.server_info or {}
-        names = matching_profiles(info, self.specs)
-        if profile not in names:
-            return SwitchResult(
-                SwitchOutcome.UNKNOWN,
-                from_profile,
-                profile,
-                self.clock.monotonic() - t0,
-                error=f"{self.unit} is up but /server_info shows {describe_shape(info)}, which "
-                f"matches {names or 'no profile'}, not {profile!r}",
-                server_args=info,
-            )
-        return SwitchResult(
-            SwitchOutcome.OK, from_profile, profile, self.clock.monotonic() - t0, server_args=info
+        return verify_started(
+            wait.server_info or {},
+            self.specs,
+            profile=profile,
+            from_profile=from_profile,
+            downtime_s=self.clock.monotonic() - t0,
+            subject=self.unit,
         )
 
     async def _with_journal(self, why: str | None) -> str:
