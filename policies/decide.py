@@ -68,7 +68,7 @@ from policies.estimators import (
     spec_from_dict,
     spec_to_dict,
 )
-from policies.hybrid_decide import HybridState
+from policies.hybrid_decide import HybridState, LongRunState
 from policies.overhead import NonDecodeTime, wall_estimate
 from policies.trial import TrialOutcome, TrialSettings, assess_trial
 from policies.types import (
@@ -198,20 +198,22 @@ class PolicySettings:
     # every prediction on every 10 s tick would cost most of a replay's time budget.
     reeval_interval_s: float = 60.0
     reeval_rel_change: float = 0.05
+    # The long-run rule (policies/hybrid_decide.py), for every profile set: traffic flipping
+    # faster than restarts pay is served by the profile best over the recent batch sizes.
+    # The batch-size distribution it values profiles over forgets with this half-life: the hour
+    # a restart has to pay back in (long_run_horizon_s).
+    long_run_batch_half_life_s: float = 3600.0
+    # Observed seconds in that distribution before the long-run rule acts (half an hour of
+    # traffic shows whether regimes flip faster than restarts pay).
+    long_run_min_history_s: float = 1800.0
+    # The long-run rule expects the batch-size distribution to hold as long again as it has
+    # (Lindy), at most this long: a switch or an exploration it makes must repay its restart
+    # within it. 4 hours: a service's daily pattern lasts hours.
+    long_run_horizon_s: float = 14400.0
     # Hybrid profiles (adaptive profiles whose table specpilot writes; policies/hybrid_decide.py).
     # The server's max running requests: batch sizes are padded to CUDA-graph sizes up to it
     # and tables get buckets up to it (SGLang forces 48 with speculation when unset).
     hybrid_max_running_requests: int = 48
-    # The batch-size distribution the long-run rule values profiles over forgets with this
-    # half-life: the hour a restart has to pay back in (hybrid_horizon_s).
-    hybrid_batch_half_life_s: float = 3600.0
-    # Observed seconds in that distribution before the long-run rule acts (half an hour of
-    # traffic shows whether regimes flip faster than restarts pay).
-    hybrid_min_history_s: float = 1800.0
-    # The long-run rule (traffic flipping faster than restarts pay) expects the batch-size
-    # distribution to hold as long again as it has (Lindy), at most this long: a switch it makes
-    # must repay its restart within it. 4 hours: a service's daily pattern lasts hours.
-    hybrid_horizon_s: float = 14400.0
     # Tables are regenerated at most this often, and only when their inputs moved (alpha by
     # 0.01, a tier's cycle time by 2%): costs drift over tens of minutes (FIELD.md's boots).
     hybrid_regen_interval_s: float = 600.0
@@ -263,8 +265,10 @@ class PolicyState:
     explore_declined: dict[str, str] = field(default_factory=dict)
     # Windows ingested since the running profile booted (traffic streams skip the first).
     boot_windows: int = 0
-    # Adaptive profiles' tables and the batch-size history (None without adaptive profiles).
+    # Adaptive profiles' tables (None without adaptive profiles).
     hybrid: HybridState | None = None
+    # The batch sizes served and the flips of the traffic (the long-run rule, every profile set).
+    long_run: LongRunState = field(default_factory=LongRunState)
 
     @property
     def specs(self) -> dict[str, ProfileSpec]:
@@ -305,6 +309,7 @@ class PolicyState:
             "explore_declined": dict(self.explore_declined),
             "boot_windows": self.boot_windows,
             "hybrid": self.hybrid.to_dict() if self.hybrid is not None else None,
+            "long_run": self.long_run.to_dict(),
         }
 
     @classmethod
@@ -342,6 +347,9 @@ class PolicyState:
             explore_declined={str(k): str(v) for k, v in d.get("explore_declined", {}).items()},
             boot_windows=int(d.get("boot_windows", 0)),
             hybrid=HybridState.from_dict(d["hybrid"]) if d.get("hybrid") else None,
+            # States saved before the long-run rule served every profile set kept the batch
+            # history inside "hybrid".
+            long_run=LongRunState.from_dict(d.get("long_run") or d.get("hybrid") or {}),
         )
 
 
@@ -349,8 +357,16 @@ def settings_to_dict(s: PolicySettings) -> dict[str, Any]:
     return dataclasses.asdict(s)
 
 
+# Settings renamed since a state could have been saved: old name -> new name.
+_RENAMED_SETTINGS = {
+    "hybrid_batch_half_life_s": "long_run_batch_half_life_s",
+    "hybrid_min_history_s": "long_run_min_history_s",
+    "hybrid_horizon_s": "long_run_horizon_s",
+}
+
+
 def settings_from_dict(d: Mapping[str, Any]) -> PolicySettings:
-    kw = dict(d)
+    kw = {_RENAMED_SETTINGS.get(k, k): v for k, v in d.items()}
     if isinstance(kw.get("trial"), Mapping):
         kw["trial"] = TrialSettings(**kw["trial"])
     return PolicySettings(**kw)
@@ -639,8 +655,7 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
         return "reset"
     sig = state.model.observe(obs)
     state.overhead.update(obs)
-    if state.hybrid is not None:
-        hybrid_decide.observe(state.hybrid, sig.batch, obs.window_s, obs.t_s, s)
+    hybrid_decide.observe(state.long_run, sig.batch, obs.window_s, obs.t_s, s)
     _boot_check(state, obs, s)
     p = obs.profile
     streams: list[tuple[str, float | None]] = []
@@ -943,12 +958,11 @@ def decide(
         # (the first window of a burst looks like a new regime of unknown length).
         diag["change_suspected"] = suspect
         return _hold(now_s, state, Reason.HOLD_BURST, diag)
-    if state.hybrid is not None:
-        # Traffic flipping faster than restarts pay: value every profile over the batch sizes
-        # served (and rewrite the running adaptive table when that pays).
-        hd = hybrid_decide.long_run(state, now_s, s, diag)
-        if hd is not None:
-            return state, hd
+    # Traffic flipping faster than restarts pay: value every profile over the batch sizes
+    # served, explore over that horizon (and rewrite the running adaptive table when it pays).
+    hd = hybrid_decide.long_run(state, now_s, s, diag)
+    if hd is not None:
+        return state, hd
     key = _eval_key(state)
     cache = state.eval_cache
     reuse = _reusable(cache, key, now_s, s) if cache is not None else "no"
@@ -1170,6 +1184,9 @@ def _exploration(
     now_s: float,
     s: PolicySettings,
     diag: dict[str, Any],
+    *,
+    scope: str | None = None,
+    full: bool | None = None,
 ) -> str | None:
     """The untried or stale profile whose run has the highest positive expected value of
     information minus expected cost, or None.
@@ -1180,8 +1197,14 @@ def _exploration(
     at most `explore_horizon_s`); once weighed at that full value and declined, a candidate is
     not weighed again until its information state changes (regime, last model change,
     predicted at all, tried): neither time alone nor the noise of a stationary regime's
-    estimates brings an exploration about."""
+    estimates brings an exploration about.
+
+    `scope` names what the information is valued over (default: the current regime; the
+    long-run rule passes "long_run": the batch-size distribution, whatever regime is current)
+    and `full` whether `horizon` is the full value (default: horizon >= explore_horizon_s)."""
     specs = state.specs
+    scope = scope if scope is not None else f"regime={state.regime_start_s!r}"
+    full = full if full is not None else horizon >= s.explore_horizon_s
 
     def before(t: float | None, change: float | None) -> bool:
         return change is not None and (t is None or t < change)
@@ -1205,7 +1228,7 @@ def _exploration(
         if age < s.burst_wait_factor * r_q:
             continue  # a young regime may be a burst: no restart for information either
         pq = preds.get(q)
-        info = _info_key(state, pq is None or pq.tok_s is None, q in state.tried)
+        info = _info_key(state, scope, pq is None or pq.tok_s is None, q in state.tried)
         if state.explore_declined.get(q) == info:
             diag[f"explore_declined.{q}"] = True
             continue
@@ -1224,7 +1247,7 @@ def _exploration(
         net = value - cost
         diag[f"explore_net_tokens.{q}"] = net
         if net <= 0:
-            if horizon >= s.explore_horizon_s:
+            if full:
                 state.explore_declined[q] = info
         elif best is None or net > best[0]:
             best = (net, q)
@@ -1234,9 +1257,9 @@ def _exploration(
     return best[1]
 
 
-def _info_key(state: PolicyState, unpredicted: bool, tried: bool) -> str:
+def _info_key(state: PolicyState, scope: str, unpredicted: bool, tried: bool) -> str:
     return (
-        f"regime={state.regime_start_s!r} model_change={state.last_model_change_s!r} "
+        f"{scope} model_change={state.last_model_change_s!r} "
         f"unpredicted={unpredicted} tried={tried}"
     )
 
@@ -1266,6 +1289,7 @@ def on_switch_done(
         return state
     state.failed.pop(profile, None)
     state.rollback_to = None
+    state.long_run.cache = None
     if state.hybrid is not None:
         hybrid_decide.on_switch_done(state.hybrid, profile, ok)
     # on_switch_done's signature carries no settings: use those of the last decide.

@@ -1,23 +1,33 @@
-"""Hybrid profiles inside the decision: adaptive profiles predicted like fixed ones, their tables
-kept current, and the long-run rule for traffic that changes faster than a restart pays.
+"""The long-run rule (traffic that flips faster than a restart pays, for every profile set) and
+hybrid profiles inside the decision (adaptive profiles predicted like fixed ones, their tables
+kept current).
 
-Owns `HybridState` (per adaptive profile: the table its next launch gets, the table the running
-server has, a newer table not yet worth a restart; a forgotten histogram of the batch sizes
-served; table events for the shell to record) and the hooks policies.decide calls:
-- `observe`: one window's batch size into the histogram;
+Owns `LongRunState` (a forgotten histogram of the batch sizes served, the flips of the traffic,
+the last long-run evaluation; every PolicyState has one), `HybridState` (per adaptive profile:
+the table its next launch gets, the table the running server has, a newer table not yet worth a
+restart; table events for the shell to record; None without adaptive profiles) and the hooks
+policies.decide calls:
+- `observe`: one window's batch size into the histogram, and a flip when it moved by 2x;
 - `predict`: an adaptive profile's prediction at a batch size (policies.hybrid.predict_adaptive
   on the fixed profiles' cycle estimates and acceptance, wall time as decide converts it);
 - `refresh_tables`: generate each managed profile's table from the estimates now (at most every
   `hybrid_regen_interval_s`, or at once after a change in acceptance or cycle time); a profile
   not running takes the new table for free, the running one keeps it as a candidate;
-- `long_run`: when regimes are shorter than `hybrid_horizon_s` (the traffic flips faster than a
-  restart repays, so the current batch size says little about the next hour) and the histogram
-  holds at least `hybrid_min_history_s`, every profile is valued over the batch-size
-  distribution (true baseline, fixed profiles and adaptive ones alike, each at its predicted
-  tok/s per batch size), and a switch, or a restart of the running adaptive profile with its
-  candidate table, happens only when the switch rule's economics say it pays over that horizon:
-  (N - C - margin) x (H - R) > C x R. With long regimes it only weighs a table rewrite at the
-  current batch size with the regime's horizon; everything else is decide's ordinary rule.
+- `long_run`: when the traffic flips faster than a restart repays (MIN_FLIPS flips within
+  `long_run_batch_half_life_s`: regimes of minutes, so the batch size now says little about the
+  next hour and the burst rule would hold every one of them) and the histogram holds at least
+  `long_run_min_history_s`, the objective is the profile that is best over the recent
+  distribution of batch sizes, not over the regime now: every profile (true baseline, fixed
+  profiles and adaptive ones alike, each at its predicted tok/s per batch size) is valued over
+  that distribution; profiles never run (or stale) are explored by decide's value-of-information
+  rule over the long-run horizon (the current regime's few minutes would never pay for one, so
+  without this a fixed profile set never leaves where it started); and a switch, or a restart of
+  the running adaptive profile with its candidate table, happens only when the switch rule's
+  economics say it pays over that horizon: (N - C - margin) x (H - R) > C x R. Exploration
+  ends: a run makes the profile tried, and a candidate declined at the full horizon stays
+  declined until its information state changes. Without flipping traffic only a hybrid profile
+  has a long-run part: a rewrite of its table at the current batch size with the regime's
+  horizon; everything else is decide's ordinary rule.
 
 Must not: read clocks, do I/O, or import anything outside stdlib/numpy/scipy and policies.
 """
@@ -64,44 +74,60 @@ MAX_FLIPS = 500
 
 
 @dataclass
-class HybridState:
-    """Tables of the adaptive profiles and the batch-size history (JSON-serialisable)."""
+class LongRunState:
+    """The batch sizes served and the flips of the traffic (JSON-serialisable)."""
 
-    # profile -> {"table", "managed", "running_table", "candidate", "t_s", "reason"}
-    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     batch_w: dict[str, float] = field(default_factory=dict)  # str(batch) -> forgotten seconds
-    last_regen_s: float | None = None
-    regen_key: str | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)
-    lr_cache: dict[str, Any] | None = None
     # Times the window batch size moved by a factor of 2 or more from the window before (a
     # regime flip), and the last window's batch size.
     flips: list[float] = field(default_factory=list)
     last_batch: float | None = None
+    # The last long-run evaluation: {"key", "t_s", "reason" (None: decide's own rule), "diag"}.
+    cache: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_w": dict(self.batch_w),
+            "flips": list(self.flips),
+            "last_batch": self.last_batch,
+            "cache": _copy(self.cache),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LongRunState:
+        return cls(
+            batch_w={str(k): float(v) for k, v in d.get("batch_w", {}).items()},
+            flips=[float(x) for x in d.get("flips", [])],
+            last_batch=d.get("last_batch"),
+            cache=_copy(d.get("cache")),
+        )
+
+
+@dataclass
+class HybridState:
+    """Tables of the adaptive profiles (JSON-serialisable)."""
+
+    # profile -> {"table", "managed", "running_table", "candidate", "t_s", "reason"}
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    last_regen_s: float | None = None
+    regen_key: str | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "tables": _copy(self.tables),
-            "batch_w": dict(self.batch_w),
             "last_regen_s": self.last_regen_s,
             "regen_key": self.regen_key,
             "events": _copy(self.events),
-            "lr_cache": _copy(self.lr_cache),
-            "flips": list(self.flips),
-            "last_batch": self.last_batch,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> HybridState:
         return cls(
             tables=_copy(d.get("tables", {})),
-            batch_w={str(k): float(v) for k, v in d.get("batch_w", {}).items()},
             last_regen_s=d.get("last_regen_s"),
             regen_key=d.get("regen_key"),
             events=_copy(d.get("events", [])),
-            lr_cache=_copy(d.get("lr_cache")),
-            flips=[float(x) for x in d.get("flips", [])],
-            last_batch=d.get("last_batch"),
         )
 
     def launch_table(self, profile: str) -> dict[str, Any] | None:
@@ -156,33 +182,33 @@ def new_state(
 
 
 def observe(
-    hs: HybridState, batch: float | None, window_s: float, t_s: float, s: PolicySettings
+    lr: LongRunState, batch: float | None, window_s: float, t_s: float, s: PolicySettings
 ) -> None:
     """One window's batch size (from decode moments or running requests) into the histogram,
     and a flip when it moved by a factor of 2 or more since the window before."""
-    lam = 0.5 ** (max(window_s, 0.0) / s.hybrid_batch_half_life_s)
-    hs.batch_w = {k: v * lam for k, v in hs.batch_w.items() if v * lam > 1e-3}
+    lam = 0.5 ** (max(window_s, 0.0) / s.long_run_batch_half_life_s)
+    lr.batch_w = {k: v * lam for k, v in lr.batch_w.items() if v * lam > 1e-3}
     if batch is None or not math.isfinite(batch) or batch < 1 or window_s <= 0:
         return
     k = str(round(batch))
-    hs.batch_w[k] = hs.batch_w.get(k, 0.0) + window_s
-    last = hs.last_batch
+    lr.batch_w[k] = lr.batch_w.get(k, 0.0) + window_s
+    last = lr.last_batch
     if last is not None and max(batch, last) >= FLIP_FACTOR * min(batch, last):
-        hs.flips.append(float(t_s))
-    hs.last_batch = float(batch)
-    hs.flips = [t for t in hs.flips if t_s - t <= 2.0 * s.hybrid_batch_half_life_s][-MAX_FLIPS:]
+        lr.flips.append(float(t_s))
+    lr.last_batch = float(batch)
+    lr.flips = [t for t in lr.flips if t_s - t <= 2.0 * s.long_run_batch_half_life_s][-MAX_FLIPS:]
 
 
-def _flipping(hs: HybridState, now_s: float, s: PolicySettings) -> float | None:
+def _flipping(lr: LongRunState, now_s: float, s: PolicySettings) -> float | None:
     """How long the traffic has been flipping (seconds since the first flip of an unbroken run
-    of flips, each within `hybrid_batch_half_life_s` of the next, the last one too), when the
+    of flips, each within `long_run_batch_half_life_s` of the next, the last one too), when the
     last half-life holds at least MIN_FLIPS of them; None otherwise."""
-    hl = s.hybrid_batch_half_life_s
-    recent = [t for t in hs.flips if now_s - t <= hl]
+    hl = s.long_run_batch_half_life_s
+    recent = [t for t in lr.flips if now_s - t <= hl]
     if len(recent) < MIN_FLIPS:
         return None
-    start = hs.flips[-1]
-    for t in reversed(hs.flips[:-1]):
+    start = lr.flips[-1]
+    for t in reversed(lr.flips[:-1]):
         if start - t > hl:
             break
         start = t
@@ -195,7 +221,6 @@ def on_switch_done(hs: HybridState, profile: str, ok: bool) -> None:
     if t is not None and ok:
         t["running_table"] = t["table"]
         t["candidate"] = None
-    hs.lr_cache = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -400,17 +425,17 @@ def refresh_tables(state: PolicyState, now_s: float, s: PolicySettings) -> None:
             }
         )
         del hs.events[:-MAX_EVENTS]
-        hs.lr_cache = None
+        state.long_run.cache = None
 
 
 # --------------------------------------------------------------------------------------------
 # The long-run rule
 
 
-def _points(hs: HybridState) -> list[tuple[float, float]]:
+def _points(lr: LongRunState) -> list[tuple[float, float]]:
     """(mean batch, weight) per half-octave bucket of the batch-size histogram."""
     acc: dict[int, list[float]] = {}
-    for k, w in hs.batch_w.items():
+    for k, w in lr.batch_w.items():
         b = float(k)
         a = acc.setdefault(batch_bucket(b), [0.0, 0.0])
         a[0] += w
@@ -451,73 +476,61 @@ def _value(
     return Estimate(mean, acc[1] / tot, acc[2] / tot, n), Estimate(dec, dec, dec, n)
 
 
+def active_horizon(state: PolicyState, now_s: float, s: PolicySettings) -> float | None:
+    """The long-run horizon when the long-run rule applies (the traffic flips faster than a
+    restart repays, over at least `long_run_min_history_s` of history spread over two or more
+    batch-size regimes), else None. The distribution is expected to hold about as long again as
+    it has held (Lindy), at least the history it was measured over, at most
+    `long_run_horizon_s`."""
+    lr = state.long_run
+    pts = _points(lr)
+    observed = sum(w for _, w in pts)
+    if observed < s.long_run_min_history_s:
+        return None
+    if sum(1 for _, w in pts if w >= MIN_REGIME_SHARE * observed) < 2:
+        return None
+    flipping = _flipping(lr, now_s, s)
+    if flipping is None:
+        return None
+    return min(s.long_run_horizon_s, max(flipping, s.long_run_min_history_s))
+
+
 def long_run(
     state: PolicyState, now_s: float, s: PolicySettings, diag: dict[str, Any]
 ) -> Decision | None:
-    """The hybrid part of a decision (see the module docstring); None: decide's own rule."""
+    """The long-run part of a decision (see the module docstring); None: decide's own rule."""
     from policies import decide as D
 
-    hs = state.hybrid
-    if hs is None:
-        return None
-    refresh_tables(state, now_s, s)
-    age = now_s - state.regime_start_s
-    horizon = state.regimes.expected_remaining_s(age)
-    pts = _points(hs)
-    observed = sum(w for _, w in pts)
-    regimes = sum(1 for _, w in pts if w >= MIN_REGIME_SHARE * observed)
-    flipping = _flipping(hs, now_s, s)
-    active = observed >= s.hybrid_min_history_s and flipping is not None and regimes >= 2
-    # The batch-size distribution is expected to hold about as long again as it has held
-    # (Lindy), at least the history it was measured over, at most hybrid_horizon_s.
-    lr_h = min(s.hybrid_horizon_s, max(flipping or 0.0, s.hybrid_min_history_s))
-    run = hs.tables.get(state.running)
+    lr, hs = state.long_run, state.hybrid
+    if hs is not None:
+        refresh_tables(state, now_s, s)
+    lr_h = active_horizon(state, now_s, s)
+    active = lr_h is not None
+    run = hs.tables.get(state.running) if hs is not None else None
     rewrite = run is not None and run["managed"] and run["candidate"] is not None
     if not active and not rewrite:
+        lr.cache = None
         return None
     key = (
         f"{state.running}|{state.last_model_change_s!r}|{sorted(state.tried)}|"
-        f"{sorted(state.failed)}|{active}|{rewrite}|{round(lr_h, -2)}"
+        f"{sorted(state.failed)}|{active}|{rewrite}|{round(lr_h or 0.0, -2)}"
     )
-    c = hs.lr_cache
+    c = lr.cache
     if c is not None and c["key"] == key and now_s - c["t_s"] < s.reeval_interval_s:
         if c["reason"] is None:
             return None
         diag.update(c["diag"])
         return _hold(now_s, state, Reason(c["reason"]), diag)
-    if not active:
-        # Long regimes: a rewrite of the running table at the batch size now, decide's horizon.
-        b = state.model.concurrency.estimate()
-        spec = state.specs[state.running]
-        cur = predict(state, spec, b, s)
-        new = predict(state, spec, b, s, run["candidate"]) if run is not None else None
-        if cur is None or new is None or cur.tok_s is None or new.tok_s is None:
-            hs.lr_cache = {"key": key, "t_s": now_s, "reason": None, "diag": {}}
-            return None
-        r = D._restart(state, state.running, s)
-        pays, net = rewrite_pays(
-            cur.tok_s,
-            new.tok_s,
-            horizon_s=horizon,
-            restart_s=r,
-            margin_frac=s.margin_frac,
-            margin_z=s.margin_z,
-        )
-        diag.update(
-            table_rewrite_net_tokens=net, table_rewrite_gain_tok_s=new.tok_s.mean - cur.tok_s.mean
-        )
-        if pays and age >= s.burst_wait_factor * r:
-            return _rewrite(state, now_s, s, diag, new.tok_s)
-        hs.lr_cache = {"key": key, "t_s": now_s, "reason": None, "diag": {}}
-        return None
+    if lr_h is None:
+        assert run is not None
+        return _rewrite_now(state, run, key, now_s, s, diag)
 
+    pts = _points(lr)
     blocked = {p for p, t in state.failed.items() if now_s - t < s.failed_profile_backoff_s}
     values: dict[str, tuple[Estimate, Estimate]] = {}
-    untried = False
     for p in state.profiles:
         if p.name in blocked and p.name != state.running:
             continue
-        untried = untried or p.name not in state.tried
         v = _value(state, p.name, pts, s)
         if v is not None:
             values[p.name] = v
@@ -525,18 +538,31 @@ def long_run(
     if cur_v is None:
         return None
     diag["long_run"] = True
-    if untried:
+    diag["long_run_horizon_s"] = lr_h
+    for name, (v, _) in values.items():
+        diag[f"long_run_tok_s.{name}"] = v.mean
+    if s.explore:
         # What a run would reveal is worth something over the long-run horizon, not over the
-        # few minutes left of a regime (decide's own weighing, which never explores here).
-        preds = {pr.profile: pr for pr in D.predictions(state, s.stale_widen)}
-        pick = D._exploration(state, preds, cur_v[0].mean, lr_h, math.inf, blocked, now_s, s, diag)
+        # few minutes left of a regime (decide's own weighing, which never explores here):
+        # the candidates are priced by their long-run values, an unpriced one by the prior.
+        preds = {n: ProfilePrediction(n, v) for n, (v, _) in values.items()}
+        pick = D._exploration(
+            state,
+            preds,
+            cur_v[0].mean,
+            lr_h,
+            math.inf,
+            blocked,
+            now_s,
+            s,
+            diag,
+            scope="long_run",
+            full=lr_h >= s.long_run_horizon_s,
+        )
         if pick is not None:
             if D._restarts_last_hour(state, now_s) >= s.restart_budget_per_hour:
                 return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
             return _switch(now_s, state, pick, Reason.EXPLORE, diag)
-    diag["long_run_horizon_s"] = lr_h
-    for name, (v, _) in values.items():
-        diag[f"long_run_tok_s.{name}"] = v.mean
     options: list[tuple[float, str, bool]] = []
     for name, (v, _) in values.items():
         if name == state.running:
@@ -549,6 +575,7 @@ def long_run(
             margin_frac=s.margin_frac,
             margin_z=s.margin_z,
         )
+        diag[f"long_run_net_tokens.{name}"] = net
         if pays:
             options.append((net, name, False))
     if rewrite and run is not None:
@@ -563,6 +590,7 @@ def long_run(
                 margin_frac=s.margin_frac,
                 margin_z=s.margin_z,
             )
+            diag["long_run_net_tokens.candidate_table"] = net
             if pays:
                 options.append((net, state.running, True))
     if options:
@@ -570,13 +598,12 @@ def long_run(
         diag["long_run_net_tokens"] = net
         if D._restarts_last_hour(state, now_s) >= s.restart_budget_per_hour:
             return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
+        b = state.model.concurrency.estimate()
         if is_rewrite:
-            b = state.model.concurrency.estimate()
             pr = predict(state, state.specs[name], b, s, run["candidate"] if run else None)
             return _rewrite(state, now_s, s, diag, pr.tok_s if pr else None)
         if D._is_flap(state, name, now_s, s):
             return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
-        b = state.model.concurrency.estimate()
         target = _now_prediction(state, name, b, s)
         return _switch(
             now_s,
@@ -590,8 +617,48 @@ def long_run(
     best = max(values, key=lambda n: (values[n][0].mean, n == state.running))
     reason = Reason.HOLD_BEST if best == state.running else Reason.HOLD_WITHIN_MARGIN
     kept = {k: v for k, v in diag.items() if k != "intake"}
-    hs.lr_cache = {"key": key, "t_s": now_s, "reason": reason.value, "diag": kept}
+    lr.cache = {"key": key, "t_s": now_s, "reason": reason.value, "diag": kept}
     return _hold(now_s, state, reason, diag)
+
+
+def _rewrite_now(
+    state: PolicyState,
+    run: Mapping[str, Any],
+    key: str,
+    now_s: float,
+    s: PolicySettings,
+    diag: dict[str, Any],
+) -> Decision | None:
+    """Long regimes: a rewrite of the running adaptive table priced at the batch size now over
+    decide's horizon (the regime's), after the burst wait; None: decide's own rule."""
+    from policies import decide as D
+
+    lr = state.long_run
+    age = now_s - state.regime_start_s
+    horizon = state.regimes.expected_remaining_s(age)
+    b = state.model.concurrency.estimate()
+    spec = state.specs[state.running]
+    cur = predict(state, spec, b, s)
+    new = predict(state, spec, b, s, run["candidate"])
+    if cur is None or new is None or cur.tok_s is None or new.tok_s is None:
+        lr.cache = {"key": key, "t_s": now_s, "reason": None, "diag": {}}
+        return None
+    r = D._restart(state, state.running, s)
+    pays, net = rewrite_pays(
+        cur.tok_s,
+        new.tok_s,
+        horizon_s=horizon,
+        restart_s=r,
+        margin_frac=s.margin_frac,
+        margin_z=s.margin_z,
+    )
+    diag.update(
+        table_rewrite_net_tokens=net, table_rewrite_gain_tok_s=new.tok_s.mean - cur.tok_s.mean
+    )
+    if pays and age >= s.burst_wait_factor * r:
+        return _rewrite(state, now_s, s, diag, new.tok_s)
+    lr.cache = {"key": key, "t_s": now_s, "reason": None, "diag": {}}
+    return None
 
 
 def _hold(now_s: float, state: PolicyState, reason: Reason, diag: dict[str, Any]) -> Decision:
@@ -652,7 +719,7 @@ def _rewrite(
         }
     )
     del hs.events[:-MAX_EVENTS]
-    hs.lr_cache = None
+    state.long_run.cache = None
     diag["adaptive_table_rewrite"] = True
     wall = wall_estimate(predicted, state.overhead.per_token_s()) if predicted else None
     return _switch(now_s, state, state.running, Reason.SWITCH_PREDICTED_GAIN, diag, predicted, wall)
