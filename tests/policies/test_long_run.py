@@ -1,0 +1,307 @@
+"""The long-run rule (policies/hybrid_decide.py) for plain and hybrid profile sets: traffic that
+flips faster than a restart pays is served by the profile best over the recent batch-size
+distribution (fixed and adaptive profiles valued over it), exploration under flipping traffic
+happens and ends, a burst shorter than a restart in a stable regime moves nothing, and a table
+rewrite of the running adaptive profile happens only when rewrite_pays says so."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import pytest
+
+from policies import hybrid_decide
+from policies.decide import (
+    PolicySettings,
+    PolicyState,
+    decide,
+    initial_state,
+    on_switch_done,
+    settings_from_dict,
+    settings_to_dict,
+)
+from policies.hybrid import rewrite_pays, seed_table
+from policies.overhead import wall_estimate
+from policies.types import Action, Observation, Overrides, ProfileSpec, Reason
+from tests.policies.driver import SPECS, Driver
+from tests.policies.synth import PROFILES, Cost, Synth
+
+S = PolicySettings()
+# A compute-heavier target than the synth's default: per-token cost makes a deep chain win at
+# two streams and a short one at 64 (the hybrid-flip scenarios' shape).
+COST = Cost(per_tok_s=0.0003)
+ALPHAS = {"chat": 0.8}
+CHAT = {"chat": 1.0}
+RESTART_S = 300.0  # longer than the flips' regimes pay for
+LOW, HIGH = 2, 64
+LOW_WINDOWS, HIGH_WINDOWS = 36, 54  # 6 and 9 minutes of 10 s windows
+HYB = ProfileSpec(
+    "hybrid",
+    num_steps=2,
+    draft_tokens=3,
+    algorithm="EAGLE3",
+    adaptive=True,
+    candidate_steps=(0, 2, 5),
+)
+
+
+def _flip(dr: Driver, hours: float) -> None:
+    for _ in range(round(hours * 4)):
+        dr.run(LOW_WINDOWS, LOW, ALPHAS, CHAT)
+        dr.run(HIGH_WINDOWS, HIGH, ALPHAS, CHAT)
+
+
+def _true_long_run(syn: Synth, name: str) -> float:
+    """The true tok/s of `name` averaged over the flips' time shares."""
+    lo, hi = LOW_WINDOWS / (LOW_WINDOWS + HIGH_WINDOWS), HIGH_WINDOWS / (LOW_WINDOWS + HIGH_WINDOWS)
+    spec = SPECS[name]
+    return lo * syn.true_tok_s(spec, LOW, ALPHAS, CHAT) + hi * syn.true_tok_s(
+        spec, HIGH, ALPHAS, CHAT
+    )
+
+
+@pytest.fixture(scope="module")
+def flipped() -> Driver:
+    """Plain specpilot (no adaptive profile) started on baseline, 8 hours of 2 <-> 64."""
+    dr = Driver("baseline", restart_s=RESTART_S, seed=31)
+    dr.syn = Synth(cost=COST, seed=31)
+    _flip(dr, 8.0)
+    return dr
+
+
+def test_the_scenario_has_no_profile_best_everywhere(flipped: Driver) -> None:
+    """The premise: the best profile at two streams is not the best at 64, and neither regime
+    repays a restart, so the long-run best is what a restart-based controller can get."""
+    syn = flipped.syn
+
+    def best_at(b: int) -> str:
+        return max(SPECS, key=lambda n: syn.true_tok_s(SPECS[n], b, ALPHAS, CHAT))
+
+    at = {b: best_at(b) for b in (LOW, HIGH)}
+    assert at[LOW] == "eagle5" and at[HIGH] == "eagle2"
+    assert max(SPECS, key=lambda n: _true_long_run(syn, n)) == "eagle2"
+
+
+def test_flipping_traffic_explores_and_the_exploration_ends(flipped: Driver) -> None:
+    """No regime lasts long enough for a restart to pay, so decide's own rule holds them all
+    (HOLD_BURST, a horizon too short to explore: without the long-run rule it never leaves
+    baseline here); the long-run rule explores over the long-run horizon, once per profile,
+    and ends on the profile best over the distribution, holding it for the rest of the day."""
+    explores = [d for d in flipped.decisions if d.reason is Reason.EXPLORE]
+    assert explores, "no exploration under flipping traffic"
+    assert all(d.diagnostics.get("long_run") for d in explores)
+    assert len({d.profile for d in explores}) == len(explores)  # each profile at most once
+    assert flipped.state.tried == {p.name for p in PROFILES}
+    # Exploration ends: nothing at all switches in the last six hours.
+    late = [d for d in flipped.switches() if d.t_s > 2 * 3600.0]
+    assert late == [], [d.summary() for d in late]
+    assert flipped.running == max(SPECS, key=lambda n: _true_long_run(flipped.syn, n))
+    # What it served is within a few restarts of the best static profile's tokens.
+    best_static = _true_long_run(flipped.syn, "eagle2") * flipped.t
+    assert flipped.served > 0.93 * best_static
+    assert flipped.served > 1.05 * _true_long_run(flipped.syn, "baseline") * flipped.t
+
+
+def _manual_values(state: PolicyState, s: PolicySettings) -> dict[str, float]:
+    """Every profile's wall tok/s averaged over the batch-size histogram, computed here from
+    the model's and hybrid_decide's predictions at each bucket's mean batch size."""
+    pts = hybrid_decide._points(state.long_run)
+    tot = sum(w for _, w in pts)
+    per_tok = state.overhead.per_token_s()
+    out: dict[str, float] = {}
+    for spec in state.profiles:
+        acc = 0.0
+        for b, w in pts:
+            if spec.adaptive:
+                pr = hybrid_decide.predict(state, spec, b, s)
+            else:
+                pr = state.model.predict(
+                    spec.name,
+                    batch=b,
+                    fresh_since_s=state.last_model_change_s,
+                    stale_widen=s.stale_widen,
+                )
+            assert pr is not None and pr.tok_s is not None, spec.name
+            acc += w * wall_estimate(pr.tok_s, per_tok).mean
+        out[spec.name] = acc / tot
+    return out
+
+
+def _evaluate(state: PolicyState, now_s: float, s: PolicySettings) -> tuple[object, dict]:
+    st = state.copy()
+    st.long_run.cache = None
+    diag: dict = {}
+    return hybrid_decide.long_run(st, now_s, s, diag), diag
+
+
+def test_fixed_profiles_are_valued_over_the_batch_distribution(flipped: Driver) -> None:
+    st = flipped.state
+    pts = hybrid_decide._points(st.long_run)
+    tot = sum(w for _, w in pts)
+    shares = {round(b): w / tot for b, w in pts if w > 0.05 * tot}
+    # The forgotten histogram holds the flips' time shares (6 and 9 minutes).
+    assert set(shares) == {LOW, HIGH}
+    assert shares[HIGH] == pytest.approx(0.6, abs=0.1)
+    assert hybrid_decide.active_horizon(st, flipped.t, S) is not None
+    d, diag = _evaluate(st, flipped.t, S)
+    assert diag["long_run"] is True
+    manual = _manual_values(st, S)
+    for name, v in manual.items():
+        assert diag[f"long_run_tok_s.{name}"] == pytest.approx(v, rel=1e-9)
+        # ... and they are right: within 10% of the true long-run rate.
+        assert v == pytest.approx(_true_long_run(flipped.syn, name), rel=0.1)
+    assert d is not None and d.reason is Reason.HOLD_BEST
+
+
+def test_a_burst_shorter_than_a_restart_in_a_stable_regime_moves_nothing() -> None:
+    """Two quiet hours at two streams on the best profile there, then 2 minutes of 64 (where
+    another profile is better), then quiet again: no switch, and the long-run rule stays out
+    (one burst is not traffic that flips)."""
+    dr = Driver("eagle5", restart_s=RESTART_S, seed=32)
+    dr.syn = Synth(cost=COST, seed=32)
+    dr.run(720, LOW, ALPHAS, CHAT)
+    n0, t_burst = len(dr.switches()), dr.t
+    burst = dr.run(12, HIGH, ALPHAS, CHAT)
+    after = dr.run(360, LOW, ALPHAS, CHAT)
+    assert dr.switches()[n0:] == [], [d.summary() for d in dr.switches()[n0:]]
+    assert dr.running == "eagle5"
+    assert not any(d.diagnostics.get("long_run") for d in burst + after)
+    assert hybrid_decide.active_horizon(dr.state, dr.t, S) is None
+    assert any(d.reason is Reason.HOLD_BURST for d in burst)
+    assert all(d.t_s > t_burst for d in burst)
+
+
+# --------------------------------------------------------------------------------------------
+# Hybrid profiles
+
+
+def _window(syn: Synth, spec: ProfileSpec, t: float, batch: float) -> Observation:
+    return syn.window(spec, t, batch, ALPHAS, CHAT, 10.0)
+
+
+def _hybrid_state(batch: float, table: Mapping[str, object]) -> tuple[PolicyState, Synth, float]:
+    """Every fixed profile run for 400 s at `batch`, then the adaptive one (launched with
+    `table`) for 400 s: a trained state with the hybrid profile running, decisions paused."""
+    profiles = (*PROFILES, HYB)
+    st = initial_state(
+        profiles, "baseline", 0.0, S, adaptive_tables={"hybrid": {"table": dict(table)}}
+    )
+    syn = Synth(cost=COST, seed=33)
+    pause = Overrides(paused_until_s=math.inf)
+    t = 0.0
+    for name in ("baseline", "eagle2", "eagle5", "hybrid"):
+        if name != st.running:
+            t += RESTART_S
+            st = on_switch_done(st, name, True, RESTART_S, t)
+        spec = st.specs[name]
+        for _ in range(40):
+            t += 10.0
+            st, d = decide(st, _window(syn, spec, t, batch), t, S, pause)
+            assert d.reason is Reason.HOLD_PAUSED
+    return st, syn, t
+
+
+def test_adaptive_profiles_are_valued_over_the_batch_distribution() -> None:
+    st, syn, t = _hybrid_state(8, seed_table((0, 2, 5)))
+    pause = Overrides(paused_until_s=math.inf)
+    for _ in range(16):  # four hours of 2 <-> 64 on the hybrid profile
+        for batch, n in ((LOW, LOW_WINDOWS), (HIGH, HIGH_WINDOWS)):
+            for _ in range(n):
+                t += 10.0
+                st, _d = decide(st, _window(syn, HYB, t, batch), t, S, pause)
+    assert hybrid_decide.active_horizon(st, t, S) is not None
+    _d, diag = _evaluate(st, t, S)
+    manual = _manual_values(st, S)
+    assert set(manual) == {"baseline", "eagle2", "eagle5", "hybrid"}
+    for name, v in manual.items():
+        assert diag[f"long_run_tok_s.{name}"] == pytest.approx(v, rel=1e-9)
+    # The adaptive profile's value is its predictions at the two batch sizes, time-weighted:
+    # between what it is predicted at two streams and at 64.
+    at = {
+        b: wall_estimate(
+            hybrid_decide.predict(st, HYB, b, S).tok_s,  # type: ignore[union-attr]
+            st.overhead.per_token_s(),
+        ).mean
+        for b in (LOW, HIGH)
+    }
+    assert at[LOW] < manual["hybrid"] < at[HIGH]
+
+
+def _rewrite_expected(st: PolicyState, now_s: float) -> bool:
+    """What rewrite_pays says about the candidate table at the batch size now."""
+    t = st.hybrid.tables["hybrid"]  # type: ignore[union-attr]
+    b = st.model.concurrency.estimate()
+    cur = hybrid_decide.predict(st, HYB, b, S)
+    new = hybrid_decide.predict(st, HYB, b, S, t["candidate"])
+    assert cur is not None and new is not None and cur.tok_s and new.tok_s
+    age = now_s - st.regime_start_s
+    r = st.restart_s.get("hybrid", S.restart_prior_s)
+    pays, _net = rewrite_pays(
+        cur.tok_s,
+        new.tok_s,
+        horizon_s=st.regimes.expected_remaining_s(age),
+        restart_s=r,
+        margin_frac=S.margin_frac,
+        margin_z=S.margin_z,
+    )
+    return pays and age >= S.burst_wait_factor * r
+
+
+def test_a_table_rewrite_happens_only_when_rewrite_pays() -> None:
+    # Launched with every bucket at 2 steps: at 8 streams 5 steps are ~15% better here.
+    st, _syn, t = _hybrid_state(8, seed_table((2,)))
+    hs = st.hybrid
+    assert hs is not None
+    hybrid_decide.refresh_tables(st, t, S)
+    old = hs.tables["hybrid"]["running_table"]
+    cand = hs.tables["hybrid"]["candidate"]
+    assert cand is not None and cand != old
+
+    # A normal restart: the rewrite pays and is made (a restart of the running profile).
+    assert _rewrite_expected(st, t)
+    st_pays = st.copy()
+    d = hybrid_decide.long_run(st_pays, t, S, {})
+    assert d is not None and d.action is Action.SWITCH and d.profile == "hybrid"
+    assert d.reason is Reason.SWITCH_PREDICTED_GAIN
+    assert d.diagnostics["adaptive_table_rewrite"] is True
+    t_after = st_pays.hybrid.tables["hybrid"]  # type: ignore[union-attr]
+    assert t_after["table"] == cand and t_after["candidate"] is None
+    assert [e["reason"] for e in st_pays.hybrid.events][-1] == "rewrite"  # type: ignore[union-attr]
+
+    # A restart far too long for the regime to repay: rewrite_pays says no, nothing restarts.
+    st_no = st.copy()
+    st_no.restart_s["hybrid"] = 1e6
+    assert not _rewrite_expected(st_no, t)
+    assert hybrid_decide.long_run(st_no, t, S, {}) is None
+    assert st_no.hybrid.tables["hybrid"]["candidate"] == cand  # type: ignore[union-attr]
+
+    # A regime younger than the restart: the burst wait holds the rewrite too.
+    st_young = st.copy()
+    st_young.regime_start_s = t - 0.5 * st_young.restart_s["hybrid"]
+    assert not _rewrite_expected(st_young, t)
+    assert hybrid_decide.long_run(st_young, t, S, {}) is None
+
+    # No candidate (the launch table is what the estimates give): nothing to weigh.
+    st_same = st.copy()
+    st_same.hybrid.tables["hybrid"]["candidate"] = None  # type: ignore[union-attr]
+    assert hybrid_decide.long_run(st_same, t, S, {}) is None
+
+
+def test_long_run_state_round_trips_and_old_states_load(flipped: Driver) -> None:
+    st = flipped.state
+    back = PolicyState.from_dict(st.to_dict())
+    assert back.long_run.to_dict() == st.long_run.to_dict()
+    # A state saved when the batch history lived inside "hybrid", with the old setting names.
+    old = st.to_dict()
+    lr = old.pop("long_run")
+    old["hybrid"] = {"tables": {}, "batch_w": lr["batch_w"], "flips": lr["flips"]}
+    old["settings"] = {
+        ("hybrid_horizon_s" if k == "long_run_horizon_s" else k): v
+        for k, v in old["settings"].items()
+    }
+    loaded = PolicyState.from_dict(old)
+    assert loaded.long_run.batch_w == st.long_run.batch_w
+    assert loaded.long_run.flips == st.long_run.flips
+    assert loaded.settings.long_run_horizon_s == S.long_run_horizon_s
+    assert settings_from_dict(settings_to_dict(S)) == S
