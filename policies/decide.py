@@ -28,8 +28,15 @@ data), the workload mix and concurrency as traffic signals (regime boundaries th
 estimate stale), cycle time per profile. A CUSUM halfway to its alarm is a suspected change:
 nothing switches until it is confirmed (then the burst rule applies) or fades.
 
+Traffic that flips faster than a restart pays (many regimes of minutes: the burst rule would
+hold every one of them, and no regime's horizon would pay for an exploration) changes the
+objective: the profile best over the recent distribution of batch sizes, explored and switched
+to over the long-run horizon (policies/hybrid_decide.long_run, the same rule for fixed and
+adaptive profile sets).
+
 Precedence (first match wins): pause > pin > blocked > rollback after a failed start > failed
-scrape > switch in flight > trial > unusable window > no traffic > dwell > estimates.
+scrape > switch in flight > trial > unusable window > no traffic > dwell > suspected change >
+long-run rule (flipping traffic; table rewrites) > estimates.
 
 `decide` is deterministic and updates `state` in place (the estimators are O(1) sufficient
 statistics; copying them every tick would cost more than the update). It returns the same object;
