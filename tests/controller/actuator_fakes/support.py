@@ -84,7 +84,7 @@ def settings(
     }
     srv.update(server)
     raw = {
-        "controller": {"time_scale": SPEED},
+        "controller": {"time_scale": SPEED, "database": str(tmp_path / "specpilot.db")},
         "server": srv,
         "profiles": profiles if profiles is not None else PROFILES,
     }
