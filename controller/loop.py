@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
@@ -66,6 +67,11 @@ STATE_KEY_LOOP = "loop"  # last good profile and the store id of the running tri
 
 _RECORDABLE = (SwitchOutcome.OK, SwitchOutcome.START_FAILED, SwitchOutcome.UNKNOWN)
 RETENTION_EVERY_S = 3600.0  # server time between two Store.apply_retention runs
+# Server seconds between two saves of a policy state that only learned (estimators, streams):
+# a warm start after a kill loses at most this much learning. What a warm start must never lose
+# (a switch, a trial, a quarantine, a new adaptive table: `_policy_milestones`) is saved on the
+# tick it happens, and the whole state when the loop stops.
+POLICY_STATE_SAVE_EVERY_S = 60.0
 
 
 class ConflictError(Exception):
@@ -135,6 +141,9 @@ class Controller:
         self._on_tick: list[Callable[[Controller], None]] = []
         self._manual: asyncio.Task[SwitchResult] | None = None
         self._retention_at_s = float("-inf")
+        self._policy_saved_at_s = float("-inf")
+        self._policy_saved_key: str | None = None
+        self._loop_saved: dict[str, Any] | None = None
 
     # ----------------------------------------------------------------------------- lifecycle
     async def startup(self) -> None:
@@ -251,10 +260,54 @@ class Controller:
         self.trial_switch_id = int(sid) if isinstance(sid, int) else None
 
     def _save_loop_state(self) -> None:
-        self.store.save_state(
-            STATE_KEY_LOOP,
-            {"last_good": self.last_good, "trial_switch_id": self.trial_switch_id},
+        """Save the loop's own warm-start state when it changed (it rarely does)."""
+        value = {"last_good": self.last_good, "trial_switch_id": self.trial_switch_id}
+        if value != self._loop_saved:
+            self.store.save_state(STATE_KEY_LOOP, value)
+            self._loop_saved = value
+
+    def _policy_milestones(self) -> str:
+        """The part of the policy state a warm start must find as it was: what runs, the last
+        switch, a pending switch, the trial, quarantines, rollbacks, detected changes and the
+        adaptive tables. Everything else (the estimators' learning) may be a little behind."""
+        assert self.state is not None
+        st = self.state
+        trial = st.trial or {}
+        hybrid = getattr(st, "hybrid", None)
+        return json.dumps(
+            [
+                self.running,
+                st.running,
+                st.last_switch_s,
+                st.switches[-1] if st.switches else None,
+                st.pending,
+                trial.get("profile"),
+                trial.get("from"),
+                st.failed,
+                st.rollback_to,
+                st.last_change_s,
+                st.regime_start_s,
+                None if hybrid is None else hybrid.tables,
+            ],
+            sort_keys=True,
+            default=str,
         )
+
+    def save_policy_state(self, now: float, *, force: bool = False) -> bool:
+        """Save the policy state for warm start when a milestone changed, when the last save is
+        POLICY_STATE_SAVE_EVERY_S old, or when `force`d; returns whether it wrote."""
+        assert self.state is not None
+        key = self._policy_milestones()
+        if (
+            not force
+            and key == self._policy_saved_key
+            and now - self._policy_saved_at_s < POLICY_STATE_SAVE_EVERY_S
+        ):
+            return False
+        self.store.save_state(STATE_KEY_POLICY, self.state.to_dict())
+        self._policy_saved_key = key
+        self._policy_saved_at_s = now
+        return True
 
     async def _adopt_if_down(self) -> None:
         """No server known (advisory start, or a failed start): adopt one that came up."""
@@ -424,9 +477,10 @@ class Controller:
 
     def _end_tick(self, decision: Decision, now: float, t_real: float) -> Decision:
         assert self.state is not None
-        self.store.record_estimates(now, self.predictions)
-        self.store.save_state(STATE_KEY_POLICY, self.state.to_dict())
-        self._save_loop_state()
+        with self.store.batch():  # one commit for the tick's closing writes
+            self.store.record_estimates(now, self.predictions)
+            self.save_policy_state(now)
+            self._save_loop_state()
         self.maybe_apply_retention(now)
         self._remember(decision)
         self.metrics.tick_seconds.observe(time.perf_counter() - t_real)
@@ -1027,6 +1081,13 @@ class Controller:
                     timeout=self.clock.real_seconds(max(0.0, interval - elapsed))  # type: ignore[attr-defined]
                     or 0.001,
                 )
+        if self.state is not None:
+            # What was learned since the last save survives a stop (a kill loses at most
+            # POLICY_STATE_SAVE_EVERY_S of it).
+            try:
+                self.save_policy_state(self.clock.now(), force=True)
+            except Exception:
+                log.exception("could not save the policy state at stop")
 
 
 def prediction_view(p: ProfilePrediction) -> dict[str, Any]:
