@@ -199,6 +199,7 @@ def create_app(controller: Controller, token: str) -> FastAPI:
         return who[:MAX_ACTOR]
 
     Actor = Annotated[str, Depends(actor)]
+    ReasonQuery = Annotated[str, Query(max_length=500)]
 
     def guard(fn: Callable[[], T]) -> T:
         try:
@@ -299,7 +300,7 @@ def create_app(controller: Controller, token: str) -> FastAPI:
         return controller.override_view()
 
     @app.delete("/v1/pin", tags=["write"])
-    async def delete_pin(who: Actor, reason: Annotated[str, Query(max_length=500)] = "") -> Any:
+    async def delete_pin(who: Actor, reason: ReasonQuery = "") -> Any:
         """Remove the pin."""
         controller.unpin(query_reason(reason), who)
         return controller.override_view()
@@ -311,7 +312,7 @@ def create_app(controller: Controller, token: str) -> FastAPI:
         return controller.override_view()
 
     @app.delete("/v1/pause", tags=["write"])
-    async def delete_pause(who: Actor, reason: Annotated[str, Query(max_length=500)] = "") -> Any:
+    async def delete_pause(who: Actor, reason: ReasonQuery = "") -> Any:
         """End the pause."""
         controller.resume(query_reason(reason), who)
         return controller.override_view()

@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.settings import EXIT_CONFIG, ConfigError, load_settings
-from store import Reader, StoreError
+from store import EXPORTABLE_TABLES, Reader, StoreError
 
 app = typer.Typer(
     name="specpilot",
@@ -219,6 +219,22 @@ def _f(v: float | None, digits: int = 3) -> str:
     return "-" if v is None else f"{v:.{digits}g}"
 
 
+def _operate(
+    method: str,
+    path: str,
+    api: str | None,
+    config: Path | None,
+    token: str | None,
+    *,
+    body: dict[str, Any] | None = None,
+    params: dict[str, Any] | None = None,
+) -> None:
+    """An operator write: call the daemon with the token, print its JSON answer."""
+    base, cfg_token = _api_base(api, config)
+    out = _call(method, base, path, token=_token(token, cfg_token), body=body, params=params)
+    console.print_json(json.dumps(out))
+
+
 @app.command()
 def pin(
     profile: str,
@@ -229,15 +245,8 @@ def pin(
     token: TokenOpt = None,
 ) -> None:
     """Pin a profile (beats every automatic decision until unpinned or expired)."""
-    base, tok = _api_base(api, config)
-    out = _call(
-        "PUT",
-        base,
-        "/v1/pin",
-        token=_token(token, tok),
-        body={"profile": profile, "ttl_s": ttl_s, "reason": reason},
-    )
-    console.print_json(json.dumps(out))
+    body = {"profile": profile, "ttl_s": ttl_s, "reason": reason}
+    _operate("PUT", "/v1/pin", api, config, token, body=body)
 
 
 @app.command()
@@ -245,12 +254,7 @@ def unpin(
     reason: ReasonOpt = "", api: ApiOpt = None, config: ConfigOpt = None, token: TokenOpt = None
 ) -> None:
     """Remove the pin."""
-    base, tok = _api_base(api, config)
-    console.print_json(
-        json.dumps(
-            _call("DELETE", base, "/v1/pin", token=_token(token, tok), params={"reason": reason})
-        )
-    )
+    _operate("DELETE", "/v1/pin", api, config, token, params={"reason": reason})
 
 
 @app.command()
@@ -262,18 +266,7 @@ def pause(
     token: TokenOpt = None,
 ) -> None:
     """Pause automatic switching for a while."""
-    base, tok = _api_base(api, config)
-    console.print_json(
-        json.dumps(
-            _call(
-                "PUT",
-                base,
-                "/v1/pause",
-                token=_token(token, tok),
-                body={"ttl_s": ttl_s, "reason": reason},
-            )
-        )
-    )
+    _operate("PUT", "/v1/pause", api, config, token, body={"ttl_s": ttl_s, "reason": reason})
 
 
 @app.command()
@@ -281,12 +274,7 @@ def resume(
     reason: ReasonOpt = "", api: ApiOpt = None, config: ConfigOpt = None, token: TokenOpt = None
 ) -> None:
     """End a pause."""
-    base, tok = _api_base(api, config)
-    console.print_json(
-        json.dumps(
-            _call("DELETE", base, "/v1/pause", token=_token(token, tok), params={"reason": reason})
-        )
-    )
+    _operate("DELETE", "/v1/pause", api, config, token, params={"reason": reason})
 
 
 @app.command()
@@ -300,31 +288,11 @@ def mode(
     """Set the mode: active (acts) or advisory (decides and explains, never restarts)."""
     if new_mode not in ("active", "advisory"):
         raise _fail(f"mode must be active or advisory, not {new_mode!r}", 2)
-    base, tok = _api_base(api, config)
-    console.print_json(
-        json.dumps(
-            _call(
-                "PUT",
-                base,
-                "/v1/mode",
-                token=_token(token, tok),
-                body={"mode": new_mode, "reason": reason},
-            )
-        )
-    )
+    _operate("PUT", "/v1/mode", api, config, token, body={"mode": new_mode, "reason": reason})
 
 
 # --------------------------------------------------------------------------------- history
-EXPORT_TABLES = (
-    "observations",
-    "observations_hourly",
-    "estimates",
-    "decisions",
-    "switches",
-    "trials",
-    "overrides",
-    "findings",
-)
+EXPORT_TABLES = EXPORTABLE_TABLES
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(w|d|h|m|s)", re.IGNORECASE)
 _DURATIONS = re.compile(r"(?:\d+(?:\.\d+)?[wdhms])+", re.IGNORECASE)
 _UNIT_S = {"w": 7 * 86400.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
