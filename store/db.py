@@ -38,13 +38,14 @@ from store import schema
 from store.retention import RetentionPolicy, apply_retention
 from store.schema import OverrideKind, SwitchOutcome, TrialState
 
-__all__ = ["ALL_WORKLOADS", "Reader", "Store", "StoreError"]
+__all__ = ["ALL_WORKLOADS", "EXPORTABLE_TABLES", "Reader", "Store", "StoreError"]
 
 # Workload key of estimates for the traffic mix as served (not one workload).
 ALL_WORKLOADS = "*"
 _MAX_TEXT = 16_384  # bound free text (error messages, reasons) so one bad row cannot bloat
 _BUSY_TIMEOUT_S = 5.0
-_EXPORTABLE = (
+# The history tables a person may export (`specpilot export`, export_rows).
+EXPORTABLE_TABLES = (
     "observations",
     "observations_hourly",
     "estimates",
@@ -323,8 +324,8 @@ class _Reads:
         self, table: str, since_s: float | None = None, until_s: float | None = None
     ) -> Iterator[dict]:
         """All rows of one history table in time order (for CLI export), streamed."""
-        if table not in _EXPORTABLE:
-            raise StoreError(f"unknown table {table!r}; one of {', '.join(_EXPORTABLE)}")
+        if table not in EXPORTABLE_TABLES:
+            raise StoreError(f"unknown table {table!r}; one of {', '.join(EXPORTABLE_TABLES)}")
         col = {
             "observations_hourly": "hour_s",
             "switches": "started_s",
@@ -341,7 +342,7 @@ class _Reads:
 
     def counts(self) -> dict[str, int]:
         """Row count of every table (for status output and tests)."""
-        return {t: self.db[t].count for t in (*_EXPORTABLE, "state")}
+        return {t: self.db[t].count for t in (*EXPORTABLE_TABLES, "state")}
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
