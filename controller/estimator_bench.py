@@ -45,6 +45,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from controller.bench.counters import ServerCounters
 from controller.observe import bench_fetch_parse, bench_parse, parse_exposition
 from controller.observe_fixtures import synth_large_exposition
 from policies.chain import expected_accept_length
@@ -52,7 +53,7 @@ from policies.decide import PolicySettings, decide, initial_state
 from policies.estimators import AGGREGATE, ThroughputModel
 from policies.observation import diff
 from policies.types import Overrides, ProfileSpec, Snapshot
-from simulator.engine import WindowEngine, WindowResult
+from simulator.engine import WindowEngine
 from simulator.model import (
     SimProfile,
     SpecConfig,
@@ -187,7 +188,7 @@ def truth_tok_s(
 # A simulated server: WindowEngine windows -> cumulative Snapshots
 
 
-class SimServer:
+class SimServer(ServerCounters):
     """One server process in virtual time: the WindowEngine draws each window; counters are
     cumulative since the start, as SGLang's are; `snapshot` is what a scrape reads."""
 
@@ -203,14 +204,7 @@ class SimServer:
         self.spec = SIM_SPECS[profile.name]
         self.engine = WindowEngine(sim, self.spec, dict(workloads), seed=seed)
         self.t_s = t0_s
-        self.gen: dict[str, float] = {}
-        self.ver: dict[str, float] = {}
-        self.req: dict[str, float] = {}
-        self.decode_tokens = 0.0
-        self.cycles = 0.0
-        self.moments = np.zeros(6)
-        self.hist = np.zeros(profile.num_steps + 1 if self.spec.speculative else 0)
-        self.last: WindowResult | None = None
+        self._reset_counters(profile.num_steps + 1 if self.spec.speculative else 0)
 
     def set_workloads(self, workloads: Mapping[str, Workload]) -> None:
         """Change acceptance under the running server (a step change in alpha)."""
@@ -219,33 +213,10 @@ class SimServer:
     def run(self, duration_s: float, concurrency: int, mix: Mapping[str, float]) -> None:
         r = self.engine.run_window(duration_s, concurrency, mix)
         self.t_s += duration_s
-        for src, dst in (
-            (r.generation_tokens, self.gen),
-            (r.verify_calls, self.ver),
-            (r.requests, self.req),
-        ):
-            for k, v in src.items():
-                dst[k] = dst.get(k, 0.0) + v
-        # SGLang counts decode tokens from decode/verify cycles only (first tokens: prefill).
-        decode = max(0.0, r.output_tokens - sum(r.requests.values()))
-        self.decode_tokens += decode
-        self.cycles += r.cycles
-        self.moments += np.array(
-            [r.cycles, r.sum_bs, r.sum_step_s, r.sum_bs2, r.sum_bs_step_s, decode]
-        )
-        if self.spec.speculative:
-            self.hist += np.asarray(r.accepted_drafts_hist, dtype=float)
-        self.last = r
+        self._accumulate(r)
 
     def snapshot(self) -> Snapshot:
-        r = self.last
-        running = queued = gen_tp = accept_len = None
-        if r is not None:
-            running, queued = r.mean_running, r.mean_queued
-            gen_tp = r.output_tokens / r.duration_s if r.duration_s > 0 else 0.0
-            h = np.asarray(r.accepted_drafts_hist, dtype=float)
-            if self.spec.speculative and h.sum() > 0:
-                accept_len = 1.0 + float(np.dot(np.arange(len(h)), h) / h.sum())
+        running, queued, gen_tp, mean_acc = self._window_gauges(self.spec.speculative)
         spec = self.spec.speculative
         return Snapshot(
             t_s=self.t_s,
@@ -253,22 +224,9 @@ class SimServer:
             running_reqs=running,
             queue_reqs=queued,
             gen_throughput_tok_s=gen_tp,
-            spec_accept_length=accept_len,
+            spec_accept_length=None if mean_acc is None else 1.0 + mean_acc,
             spec_num_steps=float(self.profile.num_steps) if spec else None,
-            generation_tokens=dict(self.gen),
-            verify_calls=dict(self.ver) if spec else {},
-            requests=dict(self.req),
-            decode_tokens=self.decode_tokens,
-            decode_passes=self.cycles,
-            moments=(
-                float(self.moments[0]),
-                float(self.moments[1]),
-                float(self.moments[2]),
-                float(self.moments[3]),
-                float(self.moments[4]),
-                float(self.moments[5]),
-            ),
-            accepted_drafts_hist=tuple(float(x) for x in self.hist) if spec else None,
+            **self._counter_fields(spec),
         )
 
     def windows(self, duration_s: float, concurrency: int, mix: Mapping[str, float]) -> Iterator:

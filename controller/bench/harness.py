@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from controller.bench.counters import ServerCounters
 from controller.bench.peers import BenchPolicy
 from controller.bench.scenario import BenchProfile, Scenario
 from policies.observation import diff
 from policies.types import Action, Decision, Reason, Snapshot
-from simulator.engine import WindowEngine, WindowResult
+from simulator.engine import WindowEngine
 from simulator.model import SimProfile
 
 
@@ -103,7 +104,7 @@ def engine_seed(scenario_seed: int, profile_index: int, start: int) -> int:
     return int(np.random.SeedSequence([scenario_seed, profile_index, start]).generate_state(1)[0])
 
 
-class VirtualServer:
+class VirtualServer(ServerCounters):
     """One SGLang server in virtual time: cumulative counters since its last start, gauges of
     its last window, and a down interval during restarts."""
 
@@ -151,16 +152,9 @@ class VirtualServer:
             seed=engine_seed(self.scenario.seed, self._index[profile], n),
             max_running_requests=self.scenario.max_running_requests,
         )
-        self.gen: dict[str, float] = {}
-        self.ver: dict[str, float] = {}
-        self.req: dict[str, float] = {}
-        self.decode_tokens = 0.0
-        self.cycles = 0.0
-        self.moments = np.zeros(6)
         # The accepted-drafts histogram exists (all zeros) from the start, as the simulator
         # reports it; per-workload series appear on first use, as Prometheus labels do.
-        self.hist = np.zeros(max(self.spec.tiers) + 1 if self.spec.speculative else 0)
-        self.last: WindowResult | None = None
+        self._reset_counters(max(self.spec.tiers) + 1 if self.spec.speculative else 0)
 
     def restart_s(self, profile: str) -> float:
         """One CUDA-graph capture per tier: an adaptive launch pays for its table's steps."""
@@ -203,47 +197,19 @@ class VirtualServer:
         self.replay.tokens += total
         return total
 
-    def _accumulate(self, r: WindowResult) -> None:
-        for src, dst in (
-            (r.generation_tokens, self.gen),
-            (r.verify_calls, self.ver),
-            (r.requests, self.req),
-        ):
-            for k, v in src.items():
-                dst[k] = dst.get(k, 0.0) + v
-        # SGLang counts decode tokens (realtime_tokens_total{mode="decode"}, decode_moments) from
-        # decode/verify cycles only: each request's first token comes from its prefill.
-        decode = max(0.0, r.output_tokens - sum(r.requests.values()))
-        self.decode_tokens += decode
-        self.cycles += r.cycles
-        self.moments += np.array(
-            [r.cycles, r.sum_bs, r.sum_step_s, r.sum_bs2, r.sum_bs_step_s, decode]
-        )
-        h = np.asarray(r.accepted_drafts_hist, dtype=float)
-        if len(h) > len(self.hist):
-            self.hist = np.pad(self.hist, (0, len(h) - len(self.hist)))
-        self.hist[: len(h)] += h
-        self.last = r
-
     def snapshot(self, t_s: float) -> Snapshot:
         """What a scrape of /metrics and /v1/loads would read now."""
         spec = self.spec
         r = self.last
+        running, queued, gen_tp, mean_acc = self._window_gauges(spec.speculative)
         accept_len = accept_rate = num_steps = None
-        gen_tp = running = queued = None
-        if r is not None:
-            running, queued = r.mean_running, r.mean_queued
-            gen_tp = r.output_tokens / r.duration_s if r.duration_s > 0 else 0.0
-            h = np.asarray(r.accepted_drafts_hist, dtype=float)
-            if spec.speculative and h.sum() > 0:
-                k = np.arange(len(h))
-                mean_acc = float(np.dot(k, h) / h.sum())
-                accept_len = 1.0 + mean_acc
-                if r.tiers_used:
-                    num_steps = float(max(r.tiers_used, key=lambda g: r.tiers_used[g]))
-                else:
-                    num_steps = float(spec.num_steps)
-                accept_rate = mean_acc / num_steps if num_steps > 0 else 0.0
+        if r is not None and mean_acc is not None:
+            accept_len = 1.0 + mean_acc
+            if r.tiers_used:
+                num_steps = float(max(r.tiers_used, key=lambda g: r.tiers_used[g]))
+            else:
+                num_steps = float(spec.num_steps)
+            accept_rate = mean_acc / num_steps if num_steps > 0 else 0.0
         return Snapshot(
             t_s=t_s,
             profile=self.profile,
@@ -253,13 +219,7 @@ class VirtualServer:
             spec_accept_length=accept_len,
             spec_accept_rate=accept_rate,
             spec_num_steps=num_steps,
-            generation_tokens=dict(self.gen),
-            verify_calls=dict(self.ver) if spec.speculative else {},
-            requests=dict(self.req),
-            decode_tokens=self.decode_tokens,
-            decode_passes=self.cycles,
-            moments=tuple(float(x) for x in self.moments),  # type: ignore[arg-type]
-            accepted_drafts_hist=tuple(float(x) for x in self.hist) if spec.speculative else None,
+            **self._counter_fields(spec.speculative),
         )
 
 
