@@ -46,7 +46,7 @@ import numpy as np
 
 from controller.bench import peers
 from controller.bench.harness import Replay, Segment, SwitchEvent, Tick, VirtualServer
-from controller.bench.metrics import _gain_between, _rate, make_row
+from controller.bench.metrics import _gain_between, _rate
 from controller.bench.oracles import (
     Measurements,
     OracleResult,
@@ -610,17 +610,14 @@ def run_fleet_scenario(
     free = oracle_free(m)
     reps["oracle_free"], reps["oracle_dp"] = free.replay, dp.replay
 
-    for p in scenario.profiles:
-        name = f"static:{p}"
-        if p == scenario.initial_profile:
-            reps[name] = m.replays[p]
-        else:
-            say(f"{scenario.name}: {name}")
-            reps[name] = fleet_replay(scenario, peers.Static(p), canary=False)
-            timings[name] = reps[name].wall_s
-    statics = [f"static:{p}" for p in scenario.profiles]
-    best_static_name = max(statics, key=lambda n: reps[n].tokens)
-    reps["best_static"] = reps[best_static_name]
+    runner.add_statics(
+        scenario,
+        m,
+        reps,
+        timings,
+        say,
+        lambda p: fleet_replay(scenario, peers.Static(p), canary=False),
+    )
 
     for name in adaptive:
         if name in wanted:
@@ -631,29 +628,16 @@ def run_fleet_scenario(
             reps[name] = fleet_replay(scenario, FLEET_POLICIES[name](), canary=canary)
             timings[name] = reps[name].wall_s
 
-    # Measured rates: the candidates from their measurement runs, any other profile (the
-    # adaptive peer's) from the replays that ran it.
-    rates = dict(m.rates)
-    extra = phase_rates(scenario, [r for n, r in reps.items() if n in adaptive])
-    for p, r in extra.items():
-        rates.setdefault(p, r)
-    m.rates = rates
-
-    rows = []
-    for name in known:
-        if name not in wanted or name not in reps:
-            continue
-        rep = reps[name]
-        row = make_row(
-            scenario,
-            rates,
-            rep,
-            policy=name,
-            oracle_dp_tokens=dp.tokens,
-            best_static_tokens=reps["best_static"].tokens,
-            wall_s=rep.wall_s,
-        )
-        rows.append(replace(row, false_switches=fleet_false_switches(scenario, rates, rep)))
+    rates = runner.merge_rates(scenario, m, reps, adaptive)
+    rows = runner.make_rows(
+        scenario,
+        known,
+        wanted,
+        reps,
+        rates,
+        dp.tokens,
+        lambda row, rep: replace(row, false_switches=fleet_false_switches(scenario, rates, rep)),
+    )
     return runner.ScenarioResult(
         scenario=scenario,
         rows=rows,

@@ -10,8 +10,10 @@ Must not: render (report.py) or parse arguments (cli.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from controller.bench import peers
 from controller.bench.harness import Replay, replay
@@ -60,6 +62,70 @@ class ScenarioResult:
     timings: dict[str, float] = field(default_factory=dict)  # replay name -> seconds
 
 
+def add_statics(
+    scenario: Scenario,
+    m: Measurements,
+    reps: dict[str, Replay],
+    timings: dict[str, float],
+    say: Callable[[str], None],
+    run_static: Callable[[str], Replay],
+) -> None:
+    """The `static:<profile>` replays (the initial profile's is its measurement replay: same
+    seeds, no restart) and `best_static`, the one with the most tokens."""
+    for p in scenario.profiles:
+        name = f"static:{p}"
+        if p == scenario.initial_profile:
+            reps[name] = m.replays[p]
+        else:
+            say(f"{scenario.name}: {name}")
+            reps[name] = run_static(p)
+            timings[name] = reps[name].wall_s
+    statics = [f"static:{p}" for p in scenario.profiles]
+    best_static_name = max(statics, key=lambda n: reps[n].tokens)
+    reps["best_static"] = reps[best_static_name]
+
+
+def merge_rates(
+    scenario: Scenario, m: Measurements, reps: Mapping[str, Replay], adaptive: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """Measured rates: the candidates from their measurement runs, any other profile (an
+    adaptive peer's) from the replays of the `adaptive` policies that ran it. Also set on `m`."""
+    rates = dict(m.rates)
+    extra = phase_rates(scenario, [r for n, r in reps.items() if n in adaptive])
+    for p, r in extra.items():
+        rates.setdefault(p, r)
+    m.rates = rates
+    return rates
+
+
+def make_rows(
+    scenario: Scenario,
+    known: Sequence[str],
+    wanted: Sequence[str],
+    reps: Mapping[str, Replay],
+    rates: Mapping[str, np.ndarray],
+    oracle_dp_tokens: float,
+    finish: Callable[[Row, Replay], Row] = lambda row, _rep: row,
+) -> list[Row]:
+    """One row per wanted policy that ran, in report order; `finish` amends a row."""
+    rows = []
+    for name in known:
+        if name not in wanted or name not in reps:
+            continue
+        rep = reps[name]
+        row = make_row(
+            scenario,
+            rates,
+            rep,
+            policy=name,
+            oracle_dp_tokens=oracle_dp_tokens,
+            best_static_tokens=reps["best_static"].tokens,
+            wall_s=rep.wall_s,
+        )
+        rows.append(finish(row, rep))
+    return rows
+
+
 def run_scenario(
     scenario: Scenario,
     policies: Sequence[str] | None = None,
@@ -90,17 +156,7 @@ def run_scenario(
     free, dp = oracle_free(m), oracle_dp(m, restart)
     reps["oracle_free"], reps["oracle_dp"] = free.replay, dp.replay
 
-    for p in scenario.profiles:
-        name = f"static:{p}"
-        if p == scenario.initial_profile:
-            reps[name] = m.replays[p]
-        else:
-            say(f"{scenario.name}: {name}")
-            reps[name] = replay(scenario, peers.Static(p))
-            timings[name] = reps[name].wall_s
-    statics = [f"static:{p}" for p in scenario.profiles]
-    best_static_name = max(statics, key=lambda n: reps[n].tokens)
-    reps["best_static"] = reps[best_static_name]
+    add_statics(scenario, m, reps, timings, say, lambda p: replay(scenario, peers.Static(p)))
 
     for name in ("specpilot", HYBRID, *PEERS):
         if name in wanted:
@@ -108,30 +164,8 @@ def run_scenario(
             reps[name] = replay(scenario, _make(name, scenario))
             timings[name] = reps[name].wall_s
 
-    # Measured rates: the candidates from their measurement runs, any other profile (the
-    # adaptive peer's) from the replays that ran it.
-    rates = dict(m.rates)
-    extra = phase_rates(scenario, [r for n, r in reps.items() if n in (*PEERS, HYBRID)])
-    for p, r in extra.items():
-        rates.setdefault(p, r)
-    m.rates = rates
-
-    rows = []
-    for name in known:
-        if name not in wanted or name not in reps:
-            continue
-        rep = reps[name]
-        rows.append(
-            make_row(
-                scenario,
-                rates,
-                rep,
-                policy=name,
-                oracle_dp_tokens=dp.tokens,
-                best_static_tokens=reps["best_static"].tokens,
-                wall_s=rep.wall_s,
-            )
-        )
+    rates = merge_rates(scenario, m, reps, (*PEERS, HYBRID))
+    rows = make_rows(scenario, known, wanted, reps, rates, dp.tokens)
     return ScenarioResult(
         scenario=scenario,
         rows=rows,
