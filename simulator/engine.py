@@ -86,6 +86,27 @@ def _resolve_workload(workloads: Mapping[str, Workload], name: str) -> Workload:
     return workloads[DEFAULT_WORKLOAD]
 
 
+def _server_limits(
+    profile: SimProfile, spec: SpecConfig, max_running_requests: int | None
+) -> tuple[int, AdaptiveRule | None]:
+    """What both engines take from the server's launch: the running-request limit (the
+    profile's unless given) and, for adaptive speculation, SGLang's tier rule over the CUDA-graph
+    batch sizes under that limit."""
+    limit = (
+        profile.max_running_requests(spec)
+        if max_running_requests is None
+        else int(max_running_requests)
+    )
+    if limit < 1:
+        raise ValueError("max_running_requests must be >= 1")
+    rule = None
+    if spec.adaptive:
+        rule = AdaptiveRule(
+            spec.num_steps, spec.adaptive_config, spec_cuda_graph_batch_sizes(limit)
+        )
+    return limit, rule
+
+
 class StepEngine:
     """Step-by-step engine: per-request chain draws, SGLang's per-request counters, adaptive
     tiers per batch. Running requests live in parallel numpy arrays for speed."""
@@ -104,23 +125,12 @@ class StepEngine:
         self.spec = spec
         self.workloads = dict(workloads)
         self.scale = scale
-        self.max_running_requests = (
-            profile.max_running_requests(spec)
-            if max_running_requests is None
-            else int(max_running_requests)
+        self.max_running_requests, self.adaptive = _server_limits(
+            profile, spec, max_running_requests
         )
-        if self.max_running_requests < 1:
-            raise ValueError("max_running_requests must be >= 1")
         self.now_s = 0.0
         self._rng = np.random.default_rng(seed)
         self._phase_cache: dict[tuple[object, ...], dict[str, float]] = {}
-        self.adaptive: AdaptiveRule | None = None
-        if spec.adaptive:
-            self.adaptive = AdaptiveRule(
-                spec.num_steps,
-                spec.adaptive_config,
-                spec_cuda_graph_batch_sizes(self.max_running_requests),
-            )
         self._gmax = max(spec.tiers) if spec.speculative else 0
         self._queue: deque[_Pending] = deque()
         self._known: set[str] = set()
@@ -552,23 +562,12 @@ class WindowEngine:
         self.profile = profile
         self.spec = spec
         self.workloads = dict(workloads)
-        self.max_running_requests = (
-            profile.max_running_requests(spec)
-            if max_running_requests is None
-            else int(max_running_requests)
+        self.max_running_requests, self.adaptive = _server_limits(
+            profile, spec, max_running_requests
         )
-        if self.max_running_requests < 1:
-            raise ValueError("max_running_requests must be >= 1")
         self._rng = np.random.default_rng(seed)
         self._carry = 0.0  # fraction of a cycle carried into the next window (static)
         self._debt_s = 0.0  # time of this window already spent by the last cycle (adaptive)
-        self.adaptive: AdaptiveRule | None = None
-        if spec.adaptive:
-            self.adaptive = AdaptiveRule(
-                spec.num_steps,
-                spec.adaptive_config,
-                spec_cuda_graph_batch_sizes(self.max_running_requests),
-            )
         self._last_tiers: tuple[tuple[int, float], ...] | None = None
         self._models: dict[tuple[object, ...], _WindowModel] = {}
         self._block_key: tuple[object, ...] | None = None
