@@ -62,7 +62,7 @@ from store import Store
 log = logging.getLogger("specpilot.loop")
 
 STATE_KEY_POLICY = "policy_state"
-STATE_KEY_OVERRIDES = "overrides"
+STATE_KEY_OVERRIDES = "overrides"  # where Store.save_overrides writes them
 STATE_KEY_LOOP = "loop"  # last good profile and the store id of the running trial's switch
 
 _RECORDABLE = (SwitchOutcome.OK, SwitchOutcome.START_FAILED, SwitchOutcome.UNKNOWN)
@@ -342,16 +342,9 @@ class Controller:
         self._expire_overrides(now)
 
     def _save_overrides(self) -> None:
-        o = self.overrides
-        self.store.save_state(
-            STATE_KEY_OVERRIDES,
-            {
-                "pin_profile": o.pin_profile,
-                "pin_until_s": o.pin_until_s,
-                "paused_until_s": o.paused_until_s,
-                "mode": self.mode.value,
-                "blocked_reason": self.funnel.blocked_reason,
-            },
+        # The mode and the block as they are now (self.overrides catches up at the next tick).
+        self.store.save_overrides(
+            replace(self.overrides, mode=self.mode, blocked_reason=self.funnel.blocked_reason)
         )
 
     def _expire_overrides(self, now: float) -> None:
