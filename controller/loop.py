@@ -374,8 +374,7 @@ class Controller:
         await self._adopt_if_down()
         handled = await self._check_server(now)
         if handled is not None:
-            self.predictions = policy.predictions(self.state)
-            self.metrics.set_predictions(self.predictions)
+            self._refresh_predictions()
             return self._end_tick(handled, now, t_real)
 
         obs, scrape_ok = await self._observe(now)
@@ -393,8 +392,7 @@ class Controller:
             decision = Decision(
                 now, Action.HOLD, self.running or "", Reason.HOLD_INSUFFICIENT_DATA, {"windows": 0}
             )
-        self.predictions = policy.predictions(self.state)
-        self.metrics.set_predictions(self.predictions)
+        self._refresh_predictions()
         # Hybrid profiles: the table a launch gets is on disk before any actuation.
         adaptive_tables.sync(self.settings, self.state, self.store)
 
@@ -405,6 +403,13 @@ class Controller:
         else:
             self._record_decision(decision, acted=False)
         return self._end_tick(decision, now, t_real)
+
+    def _refresh_predictions(self) -> None:
+        """What every profile is predicted to deliver, as decide sees it (the configured
+        stale_widen): for the status, the estimates table, the metrics and a trial's baseline."""
+        assert self.state is not None
+        self.predictions = policy.predictions(self.state, self.psettings.stale_widen)
+        self.metrics.set_predictions(self.predictions)
 
     async def _observe(self, now: float) -> tuple[Observation | None, bool]:
         """Scrape the server: (the window since the last scrape or None, whether it answered).
