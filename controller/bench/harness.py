@@ -125,7 +125,7 @@ class VirtualServer(ServerCounters):
         self.replay = replay
         self._index = {name: i for i, name in enumerate(sorted(catalog))}
         self._starts: dict[str, int] = {}
-        self._boundaries = np.asarray([p.start_s for p in scenario.phases[1:]])
+        self._boundaries = np.asarray(scenario.boundaries_s)
         self.profile = profile
         self._launch(profile)
 

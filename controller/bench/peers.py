@@ -316,11 +316,3 @@ class SpecpilotHybrid(Specpilot):
     def adaptive_table(self, profile: str) -> dict[str, Any] | None:
         hs = self.state.hybrid if self.state is not None else None
         return hs.launch_table(profile) if hs is not None else None
-
-
-def default_policies(profiles: Sequence[str]) -> list[BenchPolicy]:
-    """Every policy a bench run compares, in report order (the oracles are computed, not run)."""
-    out: list[BenchPolicy] = [Specpilot()]
-    out += [sglang_adaptive(), BatchThreshold(), Greedy(), UCB()]
-    out += [Static(p) for p in profiles]
-    return out

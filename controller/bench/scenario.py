@@ -43,7 +43,7 @@ import functools
 import math
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -594,7 +594,3 @@ def shipped_scenarios_dir() -> Path:
 def shipped_scenarios() -> list[Path]:
     """The shipped scenario files, sorted by name."""
     return sorted(shipped_scenarios_dir().glob("*.toml"))
-
-
-def load_scenarios(paths: Sequence[str | Path]) -> list[Scenario]:
-    return [load_scenario(p) for p in paths]

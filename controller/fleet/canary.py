@@ -14,7 +14,7 @@ from typing import Any
 
 from controller.fleet.observe import ReplicaObservation, arm_window
 from controller.fleet.settings import CanarySettings
-from policies.canary import ARM_CANARY, ARM_CONTROL, ArmWindow, CanaryVerdict, Verdict, assess
+from policies.canary import ARM_CANARY, ARM_CONTROL, ArmWindow, CanaryVerdict, assess
 
 
 @dataclass
@@ -58,10 +58,6 @@ class CanaryTrial:
         self.windows.extend(control)
         self.verdict = assess(self.windows, self.settings.test())
         return self.verdict
-
-    @property
-    def decided(self) -> bool:
-        return self.verdict is not None and self.verdict.verdict is not Verdict.CONTINUE
 
     def view(self) -> dict[str, Any]:
         return {
