@@ -112,6 +112,11 @@ class HybridState:
     last_regen_s: float | None = None
     regen_key: str | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
+    # The last look at the tables' inputs (pricing every tier at every bucket costs
+    # milliseconds: once per regen interval, or at once after a change in acceptance or
+    # cycle time) and the last model change it saw.
+    last_look_s: float | None = None
+    look_model_change_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -119,6 +124,8 @@ class HybridState:
             "last_regen_s": self.last_regen_s,
             "regen_key": self.regen_key,
             "events": _copy(self.events),
+            "last_look_s": self.last_look_s,
+            "look_model_change_s": self.look_model_change_s,
         }
 
     @classmethod
@@ -128,6 +135,8 @@ class HybridState:
             last_regen_s=d.get("last_regen_s"),
             regen_key=d.get("regen_key"),
             events=_copy(d.get("events", [])),
+            last_look_s=d.get("last_look_s"),
+            look_model_change_s=d.get("look_model_change_s"),
         )
 
     def launch_table(self, profile: str) -> dict[str, Any] | None:
@@ -331,27 +340,66 @@ def replace_predictions(
 # Tables
 
 
-def _fingerprint(am: AcceptModel, cyc: CycleFn, steps: tuple[int, ...], max_bs: int) -> str:
-    """The inputs of a table, coarsely: alphas to 0.01, tier cycle times to 2% at every
-    bucket's lower bound. A table is regenerated only when this moves."""
+# A table's inputs moved when a workload's alpha or the mix-weighted alpha moved by this much,
+# or a tier's cycle time at a bucket by this fraction (log difference), since the last
+# generation. The mix enters through the weighted alpha: the mix estimate follows the last two
+# minutes and its shares move by several percent between looks, which moves what the table
+# sees only by that share times the difference between the workloads' alphas.
+REGEN_ALPHA_MOVE = 0.01
+REGEN_CYCLE_MOVE = 0.02
+
+
+def _inputs(
+    am: AcceptModel, cyc: CycleFn, steps: tuple[int, ...], max_bs: int
+) -> dict[str, float | None]:
+    """The inputs of a table: the alpha of every workload and the mix-weighted alpha, log cycle
+    time of every tier at every bucket's lower bound (None where unpriced)."""
     al, sh = am.alphas_of("mean")
-    parts = [f"{a:.2f}:{x:.2f}" for a, x in zip(al, sh, strict=True)]
+    out: dict[str, float | None] = {}
+    for i, a in enumerate(al):
+        out[f"alpha:{i}"] = float(a)
+    tot = float(sum(sh))
+    out["alpha:mix"] = float(sum(a * x for a, x in zip(al, sh, strict=True)) / tot) if tot else None
     for b in DEFAULT_BUCKETS:
         if b > max_bs:
             break
         for g in steps:
             e = cyc(float(b), g)
-            parts.append("-" if e is None or e.mean <= 0 else str(round(math.log(e.mean) / 0.02)))
-    return "|".join(parts)
+            out[f"cycle:{b}:{g}"] = None if e is None or e.mean <= 0 else math.log(e.mean)
+    return out
+
+
+def _moved(old: Mapping[str, float | None] | None, new: Mapping[str, float | None]) -> bool:
+    """Whether the inputs moved enough to regenerate: a distance from the last generation's
+    inputs, not a rounding of them (with tens of inputs, some rounding boundary is crossed by
+    noise at almost every look, and a generation costs a few hundred milliseconds)."""
+    if old is None or set(old) != set(new):
+        return True
+    for k, v in new.items():
+        o = old[k]
+        if (o is None) != (v is None):
+            return True
+        if o is None or v is None:
+            continue
+        bar = REGEN_CYCLE_MOVE if k.startswith("cycle:") else REGEN_ALPHA_MOVE
+        if abs(v - o) >= bar:
+            return True
+    return False
 
 
 def refresh_tables(state: PolicyState, now_s: float, s: PolicySettings) -> None:
-    """Regenerate the managed tables from the estimates now: at most every
-    `hybrid_regen_interval_s`, and only when their inputs moved (_fingerprint)."""
+    """Regenerate the managed tables from the estimates now: looked at once every
+    `hybrid_regen_interval_s` and at once after a change in acceptance or cycle time, and
+    regenerated only when their inputs moved (_moved)."""
     hs = state.hybrid
     if hs is None:
         return
-    if hs.last_regen_s is not None and now_s - hs.last_regen_s < s.hybrid_regen_interval_s:
+    changed = state.last_model_change_s != hs.look_model_change_s
+    if (
+        hs.last_look_s is not None
+        and now_s - hs.last_look_s < s.hybrid_regen_interval_s
+        and not changed
+    ):
         return
     for name, t in hs.tables.items():
         if not t["managed"]:
@@ -362,10 +410,12 @@ def refresh_tables(state: PolicyState, now_s: float, s: PolicySettings) -> None:
             continue
         am, cyc = ins
         steps = tuple(spec.candidate_steps or DEFAULT_CANDIDATES)
-        fp = _fingerprint(am, cyc, steps, s.hybrid_max_running_requests)
-        if fp == t.get("fingerprint"):
+        ins = _inputs(am, cyc, steps, s.hybrid_max_running_requests)
+        hs.last_look_s, hs.look_model_change_s = float(now_s), state.last_model_change_s
+        if not _moved(t.get("inputs"), ins):
             continue
-        t["fingerprint"] = fp
+        t["inputs"] = ins
+        t.pop("fingerprint", None)  # states saved with the rounded fingerprint
         hs.last_regen_s = float(now_s)
 
         def means(b: float, g: int, cyc: CycleFn = cyc) -> Estimate | None:

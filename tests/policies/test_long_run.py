@@ -305,3 +305,32 @@ def test_long_run_state_round_trips_and_old_states_load(flipped: Driver) -> None
     assert loaded.long_run.flips == st.long_run.flips
     assert loaded.settings.long_run_horizon_s == S.long_run_horizon_s
     assert settings_from_dict(settings_to_dict(S)) == S
+
+
+def test_tables_are_regenerated_only_when_their_inputs_move() -> None:
+    base: dict[str, float | None] = {"alpha:0": 0.80, "alpha:1": 0.70, "alpha:mix": 0.77}
+    base |= {"cycle:1:2": math.log(0.020), "cycle:64:2": None}
+    assert hybrid_decide._moved(None, base)
+    assert not hybrid_decide._moved(base, dict(base))
+    # A mix move of 5% between two workloads 0.1 apart moves the weighted alpha by 0.005.
+    assert not hybrid_decide._moved(base, base | {"alpha:mix": 0.775})
+    assert hybrid_decide._moved(base, base | {"alpha:mix": 0.79})
+    assert hybrid_decide._moved(base, base | {"alpha:1": 0.72})
+    assert not hybrid_decide._moved(base, base | {"cycle:1:2": math.log(0.0202)})
+    assert hybrid_decide._moved(base, base | {"cycle:1:2": math.log(0.0206)})
+    assert hybrid_decide._moved(base, base | {"cycle:64:2": math.log(0.05)})  # newly priced
+
+    st, _syn, t = _hybrid_state(8, seed_table((2,)))
+    hs = st.hybrid
+    assert hs is not None
+    hybrid_decide.refresh_tables(st, t, S)
+    assert hs.last_look_s == t
+    looked = hs.tables["hybrid"]["inputs"]
+    # Within the regen interval and without a model change, the inputs are not even priced.
+    hybrid_decide.refresh_tables(st, t + 0.5 * S.hybrid_regen_interval_s, S)
+    assert hs.last_look_s == t
+    # A change in acceptance or cycle time is looked at at once.
+    st.last_model_change_s = t + 1.0
+    hybrid_decide.refresh_tables(st, t + 10.0, S)
+    assert hs.last_look_s == t + 10.0
+    assert hs.tables["hybrid"]["inputs"] is not None and looked is not None
