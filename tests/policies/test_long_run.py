@@ -202,15 +202,21 @@ def _hybrid_state(batch: float, table: Mapping[str, object]) -> tuple[PolicyStat
     return st, syn, t
 
 
-def test_adaptive_profiles_are_valued_over_the_batch_distribution() -> None:
-    st, syn, t = _hybrid_state(8, seed_table((0, 2, 5)))
+def _flipping_hybrid(table: Mapping[str, object]) -> tuple[PolicyState, float]:
+    """_hybrid_state, then four hours of 2 <-> 64 on the hybrid profile (decisions paused)."""
+    st, syn, t = _hybrid_state(8, table)
     pause = Overrides(paused_until_s=math.inf)
-    for _ in range(16):  # four hours of 2 <-> 64 on the hybrid profile
+    for _ in range(16):
         for batch, n in ((LOW, LOW_WINDOWS), (HIGH, HIGH_WINDOWS)):
             for _ in range(n):
                 t += 10.0
                 st, _d = decide(st, _window(syn, HYB, t, batch), t, S, pause)
     assert hybrid_decide.active_horizon(st, t, S) is not None
+    return st, t
+
+
+def test_adaptive_profiles_are_valued_over_the_batch_distribution() -> None:
+    st, t = _flipping_hybrid(seed_table((0, 2, 5)))
     _d, diag = _evaluate(st, t, S)
     manual = _manual_values(st, S)
     assert set(manual) == {"baseline", "eagle2", "eagle5", "hybrid"}
@@ -334,3 +340,43 @@ def test_tables_are_regenerated_only_when_their_inputs_move() -> None:
     hybrid_decide.refresh_tables(st, t + 10.0, S)
     assert hs.last_look_s == t + 10.0
     assert hs.tables["hybrid"]["inputs"] is not None and looked is not None
+
+
+@pytest.mark.parametrize("restart_s", [RESTART_S, 1e5])
+def test_under_flipping_traffic_a_rewrite_is_valued_over_the_distribution(
+    restart_s: float,
+) -> None:
+    """The running adaptive profile's candidate table is valued over the batch distribution,
+    and the table is rewritten only when rewrite_pays says so over the long-run horizon."""
+    st, t = _flipping_hybrid(seed_table((2,)))
+    st.restart_s = {p.name: restart_s for p in st.profiles}
+    hybrid_decide.refresh_tables(st, t, S)
+    cand = st.hybrid.tables["hybrid"]["candidate"]  # type: ignore[union-attr]
+    assert cand is not None, "a table launched with 2 steps everywhere has a better candidate"
+    work = st.copy()
+    work.long_run.cache = None
+    d = hybrid_decide.long_run(work, t, S, {})
+    rewrote = d is not None and bool(d.diagnostics.get("adaptive_table_rewrite"))
+    if rewrote:
+        assert d is not None and d.action is Action.SWITCH and d.profile == "hybrid"
+        assert work.hybrid.tables["hybrid"]["table"] == cand  # type: ignore[union-attr]
+    pts = hybrid_decide._points(st.long_run)
+    cur = hybrid_decide._value(st, "hybrid", pts, S)
+    new = hybrid_decide._value(st, "hybrid", pts, S, cand)
+    lr_h = hybrid_decide.active_horizon(st, t, S)
+    assert cur is not None and new is not None and lr_h is not None
+    assert new[0].mean > cur[0].mean
+    pays, _net = rewrite_pays(
+        cur[0],
+        new[0],
+        horizon_s=lr_h,
+        restart_s=restart_s,
+        margin_frac=S.margin_frac,
+        margin_z=S.margin_z,
+    )
+    # A rewrite is made only when it pays (switching to another profile may pay more).
+    assert not rewrote or pays
+    if not pays:
+        assert not rewrote and (d is None or d.profile != "hybrid" or d.action is Action.HOLD)
+    if restart_s > lr_h:
+        assert not pays
