@@ -50,6 +50,7 @@ from controller.observe import bench_fetch_parse, bench_parse, parse_exposition
 from controller.observe_fixtures import synth_large_exposition
 from policies.chain import expected_accept_length
 from policies.decide import PolicySettings, decide, initial_state
+from policies.decide import new_model as decide_new_model
 from policies.estimators import AGGREGATE, ThroughputModel
 from policies.observation import diff
 from policies.types import Overrides, ProfileSpec, Snapshot
@@ -113,19 +114,7 @@ def _settings() -> PolicySettings:
 
 def new_model(s: PolicySettings | None = None) -> ThroughputModel:
     """A ThroughputModel with the policy's default settings (what decide() builds)."""
-    s = s or _settings()
-    return ThroughputModel(
-        PROFILES,
-        cycle_half_life_s=s.cycle_half_life_s,
-        accept_half_life_s=s.accept_half_life_s,
-        concurrency_half_life_s=s.concurrency_half_life_s,
-        mix_half_life_s=s.mix_half_life_s,
-        observed_half_life_s=s.observed_half_life_s,
-        min_windows=s.min_windows,
-        min_steps=s.min_steps,
-        min_verify=s.min_verify,
-        min_hist_steps=s.min_hist_steps,
-    )
+    return decide_new_model(PROFILES, s or _settings())
 
 
 # --------------------------------------------------------------------------------------------

@@ -388,7 +388,8 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def _new_model(profiles: Sequence[ProfileSpec], s: PolicySettings) -> ThroughputModel:
+def new_model(profiles: Sequence[ProfileSpec], s: PolicySettings) -> ThroughputModel:
+    """The estimators decide() runs, configured by the policy settings (benchmarks reuse it)."""
     return ThroughputModel(
         profiles,
         cycle_half_life_s=s.cycle_half_life_s,
@@ -422,7 +423,7 @@ def initial_state(
         profiles=tuple(profiles),
         running=running,
         start_s=float(now_s),
-        model=_new_model(profiles, settings),
+        model=new_model(profiles, settings),
         monitor=ChangeMonitor(
             settings.cusum_k,
             settings.cusum_h,
