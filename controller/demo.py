@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from controller.actuators.endpoint import free_port
 from controller.daemon import build, database_path, serve
 from controller.demo_server import SIM_PROFILE, demo_profiles, sim_common_flags
 from controller.loop import Controller
@@ -43,12 +43,6 @@ class DemoTrace:
     """What the demo saw, tick by tick, for the summary."""
 
     ticks: list[dict[str, Any]] = field(default_factory=list)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def demo_settings(*, speed: float, sim_port: int, db: Path, log_file: Path) -> Settings:

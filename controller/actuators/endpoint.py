@@ -2,7 +2,8 @@
 
 Owns: reading /server_info, the readiness check (/ready, falling back to /health_generate on
 servers without /ready), counting in-flight requests (/v1/loads, falling back to /metrics),
-the bounded drain before a stop, and whether anything listens on the port at all. Every call is
+the bounded drain before a stop, whether anything listens on the port at all, and picking a free
+loopback port for a server specpilot launches itself (demos, a router's metrics). Every call is
 bounded by a timeout and turns network errors into values (None / False): an actuator must never
 raise because the server is down. Must not start or stop processes.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,15 @@ from controller import sglang_names as names
 from controller.clock import Clock
 
 log = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the OS picks it; a race with another binder is possible,
+    which is why launches still check that their port came up)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
 
 PATH_READY = "/ready"
 PATH_HEALTH_GENERATE = "/health_generate"

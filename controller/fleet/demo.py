@@ -25,10 +25,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from controller.actuators.endpoint import free_port
 from controller.clock import ScaledClock
 from controller.demo_server import SIM_PROFILE, demo_profiles, sim_common_flags
 from controller.fleet.controller import FleetController
-from controller.fleet.router import free_port
 from controller.fleet.settings import FleetSettings
 from controller.settings import Settings, settings_from_dict
 from simulator.load import LoadGenerator

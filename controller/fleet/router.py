@@ -20,7 +20,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from controller.actuators.endpoint import free_port
 from controller.clock import Clock
 from controller.fleet.settings import RouterSettings
 
@@ -67,12 +67,6 @@ class Worker:
 
 def normalise_url(url: str) -> str:
     return url.rstrip("/")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class RouterClient:

@@ -23,6 +23,7 @@ from typing import Any
 import tomli_w
 
 from controller.daemon import Daemon, build, serve
+from controller.demo_server import SIM_PROFILE
 from controller.loop import Controller
 from controller.settings import Settings, settings_from_dict
 from simulator.load import LoadGenerator
@@ -36,7 +37,6 @@ from tests.controller.actuator_fakes.support import (
 )
 
 SPEED = 100.0
-SIM_PROFILE = "kimi-k2.5-pcie-tuned"
 DRAFT = ["--speculative-draft-model-path", "lightseekorg/kimi-k2.5-eagle3"]
 
 

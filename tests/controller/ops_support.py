@@ -21,20 +21,13 @@ import httpx
 
 from controller.actuators.base import ServerState, SwitchOutcome, SwitchResult
 from controller.clock import Clock, ManualClock, ScaledClock
+from controller.demo_server import eagle_flags
 from controller.loop import Controller
 from controller.metrics import ControllerMetrics
 from controller.settings import Settings, settings_from_dict
 from store import Store
 
 TOKEN = "s3cret-token"
-DRAFT = ["--speculative-draft-model-path", "lightseekorg/kimi-k2.5-eagle3"]
-
-
-def _eagle(steps: int) -> list[str]:
-    return [
-        "--speculative-algorithm", "EAGLE3", *DRAFT, "--speculative-num-steps", str(steps),
-        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(steps + 1),
-    ]  # fmt: skip
 
 
 def make_settings(
@@ -51,8 +44,8 @@ def make_settings(
             "server": {"actuator": "process", "port": 30999, "initial_profile": initial},
             "profiles": {
                 "baseline": {"flags": [], "description": "no speculation"},
-                "eagle3-2step": {"flags": _eagle(2), "env": {"NCCL_PROTO": "LL"}},
-                "eagle3-5step": {"flags": _eagle(5)},
+                "eagle3-2step": {"flags": eagle_flags(2), "env": {"NCCL_PROTO": "LL"}},
+                "eagle3-5step": {"flags": eagle_flags(5)},
             },
         },
         source="test",

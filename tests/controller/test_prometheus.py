@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from controller.actuators.endpoint import free_port
 from tests.controller.ops_support import LiveDaemon
 from tests.controller.test_metrics import dashboard_exprs
 
@@ -22,12 +22,6 @@ pytestmark = pytest.mark.skipif(
     PROMETHEUS is None,
     reason="prometheus not installed (tools/test-deps.sh installs Debian's package)",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _query(client: httpx.Client, base: str, q: str) -> list[dict[str, Any]]:
@@ -40,7 +34,7 @@ def _query(client: httpx.Client, base: str, q: str) -> list[dict[str, Any]]:
 
 def test_prometheus_scrapes_the_daemon(tmp_path: Path) -> None:
     with LiveDaemon(tmp_path / "daemon") as live:
-        port = _free_port()
+        port = free_port()
         cfg = tmp_path / "prometheus.yml"
         cfg.write_text(
             "global:\n"

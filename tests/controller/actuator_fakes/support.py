@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 import psutil
 
+from controller.actuators.endpoint import free_port
 from controller.settings import Settings
 
 HERE = Path(__file__).resolve().parent
@@ -43,12 +43,6 @@ PROFILES: dict[str, dict[str, Any]] = {
         ],
     },
 }  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def settings(
