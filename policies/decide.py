@@ -1254,6 +1254,9 @@ def _exploration(
         cost = cur * r_q + shortfall * s.min_dwell_s + p_worse * cur * r_back
         net = value - cost
         diag[f"explore_net_tokens.{q}"] = net
+        # The remaining regime over which this run would pay (value = cost): what a declined
+        # candidate lacks, next to the horizon information is valued over.
+        diag[f"explore_breakeven_s.{q}"] = _breakeven_s(dists, cur, cost, r_q, s)
         if net <= 0:
             if full:
                 state.explore_declined[q] = info
@@ -1263,6 +1266,21 @@ def _exploration(
         return None
     diag["explore_value_net_tokens"] = best[0]
     return best[1]
+
+
+def _breakeven_s(
+    dists: Sequence[tuple[str, float, float]],
+    cur: float,
+    cost: float,
+    restart_s: float,
+    s: PolicySettings,
+) -> float:
+    """The horizon at which an exploration's value (expected excess x useful seconds) equals
+    its cost: restart and dwell plus cost / expected excess (inf without any upside)."""
+    excess = _expected_excess(dists, cur)
+    if not excess > 0:
+        return math.inf
+    return restart_s + s.min_dwell_s + cost / excess
 
 
 def _info_key(state: PolicyState, scope: str, unpredicted: bool, tried: bool) -> str:
