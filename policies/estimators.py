@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.optimize import nnls
@@ -52,6 +52,13 @@ AGGREGATE = "*"
 # width). FIELD.md: halving draft tokens moved verify time only 14%, and verify moved 20 -> 30 ms
 # across boots, so a 10% floor is the honest resolution of such a model.
 SURFACE_REL_ERR_FLOOR = 0.10
+
+# Beyond the batch sizes served, the step time's slope in B may be anything from flat (experts
+# all loaded, a saturated forward) to this multiple of the end secant (a roofline turning
+# compute-bound: the simulator's tuned Kimi goes from 0.41 to 0.5 ms per token past ~96 tokens,
+# FIELD.md's vLLM sweep saw speculation lose at high concurrency): the shape band of an
+# extrapolation, not a sampling error.
+EXTRAPOLATION_SLOPE_MAX = 2.0
 
 # An own per-profile slope is only trusted when the batch sizes seen vary by at least this
 # standard deviation (sequences): below it the slope is noise over a single point.
@@ -206,6 +213,24 @@ class SurfaceFit:
         return c2 * n + c3
 
 
+class _Pred(NamedTuple):
+    """One profile's step time at a batch size from its own data: `mean` with sampling variance
+    `var`, and the band [lo, hi] the curve's unknown shape allows (None: a point, no shape
+    uncertainty); the ~90% interval is the band widened by the sampling error."""
+
+    mean: float
+    var: float
+    how: str
+    lo: float | None = None
+    hi: float | None = None
+
+    def interval(self, extra_var: float = 0.0) -> tuple[float, float]:
+        half = Z90 * math.sqrt(self.var + extra_var)
+        lo = self.mean if self.lo is None else min(self.lo, self.mean)
+        hi = self.mean if self.hi is None else max(self.hi, self.mean)
+        return lo - half, hi + half
+
+
 class CycleTimeSurface:
     """T(B, n) per profile from DecodeMoments, plus one shared surface over all profiles.
 
@@ -264,12 +289,12 @@ class CycleTimeSurface:
         # bucket already had data (a new batch size is not a change in step time).
         own = self._own_predict(profile, mean_b)
         ratio = None
-        if own is not None and own[2] == "bucket" and own[0] > 0:
-            ratio = mean_t / own[0]
+        if own is not None and own.how == "bucket" and own.mean > 0:
+            ratio = mean_t / own.mean
         line_pred = self._line_predict(profile, mean_b)
         k = batch_bucket(mean_b)
         bucket = self.buckets[profile].get(k)
-        bucket_pred = own[0] if own is not None and own[2] == "bucket" else None
+        bucket_pred = own.mean if own is not None and own.how == "bucket" else None
         lam = _decay(window_s, self.half_life_s)
         # Old data fades with the profile's observed time in every bucket alike.
         for bst in self.buckets[profile].values():
@@ -422,18 +447,27 @@ class CycleTimeSurface:
             return bs, (SURFACE_REL_ERR_FLOOR * bs / Z90) ** 2
         return None
 
-    def _own_predict(self, profile: str, batch: float) -> tuple[float, float, str] | None:
-        """(mean, variance, how) from the profile's own data; None below the minimum of data.
+    def _own_predict(self, profile: str, batch: float) -> _Pred | None:
+        """What the profile's own data says at `batch`; None below the minimum of data.
 
         `how`: "bucket" (the batch bucket of `batch` has data: local level plus a local slope),
-        "interpolated" (between the nearest buckets with data; the interval spans interpolation
-        linear in B and in log B, the shapes of a linear and a saturating cost), "extrapolated"
-        (beyond the buckets, along the end secant), or "line" (no bucket has enough data yet:
-        the profile's line over all its windows)."""
+        "interpolated" (between the nearest buckets with data), "extrapolated" (beyond the
+        buckets, along the end secant), or "line" (no bucket has enough data yet: the
+        profile's line over all its windows).
+
+        Between and beyond the batch sizes served the curve's shape is unknown; the prediction's
+        band [lo, hi] holds every curve the physics allows there: step time never falls as the
+        batch grows, and the time per sequence never rises (fixed costs amortise; at worst a
+        forward is compute-bound, linear in B). Between two points that is
+        [max(y0, y1 B/B1), min(y1, y0 B/B0)] (a roofline turning compute-bound lies low in it,
+        saturating experts high), capped by the neighbouring secants extended into the gap
+        (the most a concave stretch can rise); beyond the largest batch, from flat (saturated)
+        to EXTRAPOLATION_SLOPE_MAX x the end secant, within [y0, y0 B/B0]; below the smallest,
+        the mirror image within [y0 B/B0, y0]. The centre is the chord or the end secant."""
         pts = self._points(profile)
         if not pts:
             line = self._line_predict(profile, batch)
-            return None if line is None else (line[0], line[1], "line")
+            return None if line is None else _Pred(line[0], line[1], "line")
         k = batch_bucket(batch)
         idx = next((i for i, p in enumerate(pts) if p[3] == k), None)
         if idx is not None:
@@ -442,7 +476,7 @@ class CycleTimeSurface:
             d = batch - b0
             own = st.own_slope()
             if own is not None:
-                return y0 + own * d, v0 * (1.0 + d * d / st.var_b), "bucket"
+                return _Pred(y0 + own * d, v0 * (1.0 + d * d / st.var_b), "bucket")
             secants = []
             for j in (idx - 1, idx + 1):
                 if 0 <= j < len(pts):
@@ -462,7 +496,7 @@ class CycleTimeSurface:
                 else:  # non-decreasing in B and at most proportional to it
                     slope = y0 / b0 / 2.0
                     svar = (slope / Z90) ** 2
-            return y0 + slope * d, v0 + svar * d * d, "bucket"
+            return _Pred(y0 + slope * d, v0 + svar * d * d, "bucket")
         lower = [p for p in pts if p[0] < batch]
         upper = [p for p in pts if p[0] > batch]
         if lower and upper:
@@ -470,13 +504,21 @@ class CycleTimeSurface:
             b1, y1, v1, _ = upper[0]
             w = (batch - b0) / (b1 - b0)
             lin = y0 + w * (y1 - y0)
-            wl = math.log(batch / b0) / math.log(b1 / b0)
-            logi = y0 + wl * (y1 - y0)
-            # Concave (saturating experts) lies above the chord, towards the log-B shape; convex
-            # (a roofline turning compute-bound) below it, as far again: centred on the chord.
-            half = abs(logi - lin)
-            var = (1 - w) ** 2 * v0 + w * w * v1 + (half / Z90) ** 2
-            return lin, var, "interpolated"
+            lo = max(y0, y1 * batch / b1)
+            hi = min(y1, y0 * batch / b0)
+            # A concave stretch lies under its neighbours' secants extended into the gap (a
+            # convex one under the chord): the lower of those lines caps the band.
+            ext = []
+            if len(lower) >= 2:
+                bm, ym, _, _ = lower[-2]
+                ext.append(y0 + (y0 - ym) / (b0 - bm) * (batch - b0))
+            if len(upper) >= 2:
+                b2, y2, _, _ = upper[1]
+                ext.append(y1 - (y2 - y1) / (b2 - b1) * (b1 - batch))
+            if ext:
+                hi = min(hi, max(lin, min(ext)))
+            var = (1 - w) ** 2 * v0 + w * w * v1
+            return _Pred(lin, var, "interpolated", min(lo, lin), max(hi, lin))
         side = lower if lower else upper
         end = side[-1] if lower else side[0]
         b0, y0, v0, _ = end
@@ -488,23 +530,34 @@ class CycleTimeSurface:
             slope_var = (max((y0 - y1) / (b0 - b1), 0.0), (v0 + v1) / (b0 - b1) ** 2)
         else:
             slope_var = self._slope_elsewhere(profile)
+        # The physically possible band beyond the data (see above).
+        lo, hi = sorted((y0, y0 * batch / b0))
         if slope_var is None:
-            lo, hi = sorted((y0, y0 * batch / b0))
-            half = (hi - lo) / 2.0
-            return (lo + hi) / 2.0, v0 + (half / Z90) ** 2, "extrapolated"
+            return _Pred((lo + hi) / 2.0, v0, "extrapolated", lo, hi)
         slope, svar = slope_var
-        # Beyond the data the curve may saturate (flat) or keep the end secant's growth: half of
-        # that span is model uncertainty, on top of the sampling error and the model floor;
-        # not where the profile's own steps (within its windows) covered this batch size.
-        extra = SURFACE_REL_ERR_FLOOR * slope * abs(d) / Z90
+        mean = min(max(y0 + slope * d, lo), hi)
         st = self.stats[profile]
         covered = (
             len(side) < 2
             and st.own_slope() is not None
             and abs(batch - st.bbar) <= 2.0 * math.sqrt(st.var_b)
         )
-        shape = 0.0 if covered else slope * abs(d) / 2.0 / Z90
-        return y0 + slope * d, v0 + svar * d * d + extra * extra + shape * shape, "extrapolated"
+        if covered:
+            # The profile's own steps (within its windows) spanned this batch size: its line
+            # holds here, up to the model floor.
+            extra = SURFACE_REL_ERR_FLOOR * slope * abs(d) / Z90
+            return _Pred(mean, v0 + svar * d * d + extra * extra, "extrapolated")
+        # Beyond the data the slope may be anything from flat (saturated) to EXTRAPOLATION_SLOPE_MAX
+        # times the end secant (turning compute-bound), within the physical band. The sampling
+        # error of the slope counts only for the data's own end secant: a slope borrowed from
+        # elsewhere carries a shape allowance that this band replaces.
+        reach = EXTRAPOLATION_SLOPE_MAX * slope * abs(d)
+        if d > 0:
+            lo, hi = y0, min(hi, y0 + reach)
+        else:
+            lo, hi = max(lo, y0 - reach), y0
+        sampling = v0 + (svar * d * d if len(side) >= 2 else 0.0)
+        return _Pred(mean, sampling, "extrapolated", lo, hi)
 
     def _line_predict(self, profile: str, batch: float) -> tuple[float, float] | None:
         """(mean, variance) from the profile's line over all its windows; None below the
@@ -544,17 +597,23 @@ class CycleTimeSurface:
             "buckets": {str(k): v.to_dict() for k, v in self.buckets[profile].items()},
         }
 
+    def support(self, profile: str, batch: float) -> str | None:
+        """How the profile's own data covers `batch`: "bucket", "interpolated", "extrapolated"
+        (beyond every batch size it was served at: its shape there is a band, not data),
+        "line", or None (too little data of its own)."""
+        own = self._own_predict(profile, batch)
+        return None if own is None else own.how
+
     def estimate(self, profile: str, batch: float) -> Estimate | None:
         """Cycle seconds of `profile` at `batch` with a ~90% interval, or None."""
         if batch <= 0 or not math.isfinite(batch):
             raise ValueError(f"batch must be a positive number, got {batch!r}")
         own = self._own_predict(profile, batch)
         if own is not None:
-            mean, var, _ = own
-            if mean <= 0:
+            if own.mean <= 0:
                 return None
-            st = self.stats[profile]
-            return _est(mean, Z90 * math.sqrt(var), mean * 1e-3, math.inf, st.s0)
+            lo, hi = own.interval()
+            return Estimate(own.mean, max(own.mean * 1e-3, lo), hi, self.stats[profile].s0)
         return self._surface_predict(profile, batch)
 
     def _token_equivalent(self, profile: str, batch: float) -> Estimate | None:
@@ -589,7 +648,7 @@ class CycleTimeSurface:
         own = self._own_predict(p.name, r * batch)
         if own is None:
             return None
-        t_p, var_p, how = own
+        t_p = own.mean
         # beta from the baseline where it served n_p B (its bucket or between two of its own).
         base = next(
             (n for n, sp in self.specs.items() if not sp.speculative and self._points(n)), None
@@ -601,11 +660,11 @@ class CycleTimeSurface:
             xs, ys, ws = [], [], []
             for b, y, v, _ in self._points(p.name):
                 ob = self._own_predict(base, np_ * b)
-                if ob is None or ob[2] not in ("bucket", "interpolated"):
+                if ob is None or ob.how not in ("bucket", "interpolated"):
                     continue
                 xs.append(b)
-                ys.append(y - ob[0])
-                ws.append(1.0 / max(v + ob[1], _TINY))
+                ys.append(y - ob.mean)
+                ws.append(1.0 / max(v + ob.var, _TINY))
             if len(xs) >= 2 and max(xs) - min(xs) > MIN_BATCH_SD_FOR_SLOPE:
                 x, yv, w = np.asarray(xs), np.asarray(ys), np.asarray(ws)
                 xm = float(np.average(x, weights=w))
@@ -617,23 +676,23 @@ class CycleTimeSurface:
                 beta_var = max(s2, 1.0) / sxx
         g_p = max(p.num_steps, 1)
         d0_max = DRAFT_SHARE_MAX * t_p / g_p
-        mean = t_p + (nq - np_) * d0_max / 2.0
-        var = var_p + ((nq - np_) * d0_max) ** 2 / 12.0
+        shift = (nq - np_) * d0_max / 2.0
+        var = ((nq - np_) * d0_max) ** 2 / 12.0
         corr_scale = (r - 1.0) * batch / (np_ - 1)
         if beta is not None and beta_var is not None:
-            mean += corr_scale * beta
+            shift += corr_scale * beta
             var += corr_scale**2 * beta_var
         else:
             # Per-sequence costs unknown: as large as the draft share again, either sign.
             var += (DRAFT_SHARE_MAX * t_p / Z90) ** 2
-        # The equivalence itself is a model: attention and launch costs do not scale with tokens.
-        floor = TOKEN_EQUIVALENCE_REL_ERR * mean / Z90
-        var += floor * floor
-        if how == "extrapolated":
-            var += (SURFACE_REL_ERR_FLOOR * mean / Z90) ** 2
+        mean = t_p + shift
         if mean <= 0:
             return None
-        return _est(mean, Z90 * math.sqrt(var), mean * 1e-3, math.inf, 0.0)
+        # The equivalence itself is a model: attention and launch costs do not scale with tokens.
+        floor = TOKEN_EQUIVALENCE_REL_ERR * mean / Z90
+        # The donor's shape band (where r B lies between or beyond its data) moves with it.
+        lo, hi = own.interval(var + floor * floor)
+        return Estimate(mean, max(mean * 1e-3, lo + shift), hi + shift, 0.0)
 
     def _surface_predict(self, profile: str, batch: float) -> Estimate | None:
         spec = self.specs[profile]
@@ -733,9 +792,9 @@ def comparable_step_s(snapshot: Mapping[str, Any], batch: float) -> float | None
     if batch <= 0 or not math.isfinite(batch):
         return None
     own = surf._own_predict(spec.name, batch)
-    if own is None or own[2] != "bucket" or own[0] <= 0:
+    if own is None or own.how != "bucket" or own.mean <= 0:
         return None
-    return own[0]
+    return own.mean
 
 
 # --------------------------------------------------------------------------------------------

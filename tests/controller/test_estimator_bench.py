@@ -80,6 +80,18 @@ def test_unseen_profile_interval_covers_the_truth(quick: tuple[dict[str, Any], P
             assert r["cycle_rel_error"] <= 0.15 and r["tok_s_rel_error"] <= 0.15, r
 
 
+def test_unseen_error_split_by_whether_the_data_reached_that_size(
+    quick: tuple[dict[str, Any], Path],
+) -> None:
+    result, _ = quick
+    rows = [r for c in result["cases"]["unseen"] for r in c["rows"]]
+    # Quick batches 1, 16, 48: 5-step at 1 (2-step at 2) and 16 (at 32) lie inside the
+    # served sizes, at 48 (at 96) beyond them.
+    assert {r["batch"]: r["within_data"] for r in rows} == {1: True, 16: True, 48: False}
+    parts = [result["unseen_within_data_rel_error"], result["unseen_beyond_data_rel_error"]]
+    assert max(parts) == result["unseen_profile_rel_error"]
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="known miss: 5-step at 16 streams on the Kimi boots is read off 2-step at 32 "

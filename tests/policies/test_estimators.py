@@ -226,3 +226,54 @@ def test_unknown_profile_raises() -> None:
     with pytest.raises(ValueError):
         ThroughputModel([BASE, BASE])
     assert math.isfinite(m.concurrency.half_life_s)
+
+
+def _feed_exact(surf: CycleTimeSurface, profile: str, curve, batches, windows: int = 6) -> None:  # type: ignore[no-untyped-def]
+    """Noise-free windows of `profile` at each batch size: step time = curve(B)."""
+    t = 0.0
+    for b in batches:
+        y = float(curve(b))
+        for _ in range(windows):
+            t += 10.0
+            n = 100.0
+            m = DecodeMoments(n, n * b, n * y, n * b * b, n * b * y, n * b)
+            surf.update(profile, m, t, 10.0)
+
+
+# Two shapes the data at B = 4, 16, 48 cannot tell apart: a roofline turning compute-bound
+# (convex past its kink) and experts saturating (concave, nearly flat past the data).
+def _roofline(b: float) -> float:
+    return 0.010 + max(0.0008 * b, 0.0004 * b + 0.012)
+
+
+def _saturating(b: float) -> float:
+    return 0.010 + 0.05 * (1.0 - math.exp(-b / 20.0))
+
+
+@pytest.mark.parametrize("curve", [_roofline, _saturating])
+def test_interpolation_and_extrapolation_bands_cover_the_shapes_physics_allows(curve) -> None:  # type: ignore[no-untyped-def]
+    surf = CycleTimeSurface([BASE], min_windows=3)
+    _feed_exact(surf, "baseline", curve, (4.0, 16.0, 48.0))
+    for b in (2.0, 8.0, 24.0, 32.0, 64.0, 96.0):
+        e = surf.estimate("baseline", b)
+        assert e is not None and inside(e, curve(b)), (b, e, curve(b))
+        how = surf.support("baseline", b)
+        assert how in ("interpolated", "extrapolated"), how
+    # Where the profile was served, the estimate is a point: no band.
+    e = surf.estimate("baseline", 16.0)
+    assert e is not None and (e.high - e.low) < 0.01 * e.mean
+    assert surf.support("baseline", 16.0) == "bucket"
+
+
+def test_extrapolation_band_respects_monotonicity_and_per_sequence_cost() -> None:
+    """Beyond the largest batch the step time is at least the last one (never falls with B)
+    and at most proportional to B (time per sequence never rises); below the smallest, the
+    mirror image."""
+    surf = CycleTimeSurface([BASE], min_windows=3)
+    _feed_exact(surf, "baseline", _saturating, (16.0, 48.0))
+    y48, y16 = _saturating(48.0), _saturating(16.0)
+    up = surf.estimate("baseline", 96.0)
+    assert up is not None and y48 * 0.99 <= up.low and up.high <= y48 * 2.0 * 1.01
+    assert up.low < _saturating(96.0) < up.high
+    down = surf.estimate("baseline", 4.0)
+    assert down is not None and down.low >= y16 * 4.0 / 16.0 * 0.99 and down.high <= y16 * 1.01
