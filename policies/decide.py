@@ -765,7 +765,10 @@ def _record_switch(
 def _prior_dist(
     pred: ProfilePrediction | None, cur: float, s: PolicySettings
 ) -> tuple[str, float, float]:
-    """("norm", mean, sd) from a prediction, else ("unif", low, high) around the running rate."""
+    """("norm", mean, sd) from a prediction; ("unif", low, high) over a bound (where in it the
+    truth lies, nothing says), else around the running rate."""
+    if pred is not None and pred.tok_s is not None and pred.bound:
+        return "unif", pred.tok_s.low, max(pred.tok_s.high, pred.tok_s.low * (1 + 1e-9))
     if pred is not None and pred.tok_s is not None and math.isfinite(_sd(pred.tok_s)):
         return "norm", pred.tok_s.mean, max(_sd(pred.tok_s), 1e-9 * max(cur, 1.0))
     return "unif", s.explore_prior_low_ratio * cur, s.explore_prior_high_ratio * cur
@@ -1113,6 +1116,8 @@ def _choose(
     for name, pr in preds.items():
         if name == state.running or pr.tok_s is None or name in blocked_profiles:
             continue
+        if pr.bound:
+            continue  # a bound is no prediction to switch on: only a run (exploration) says
         r = _restart(state, name, s)
         margin = s.margin_frac * cur + s.margin_z * math.hypot(_sd(pr.tok_s), _sd(cur_pred.tok_s))
         gain = pr.tok_s.mean - cur
@@ -1161,7 +1166,7 @@ def _choose(
             return _switch(now_s, state, pick, Reason.EXPLORE, diag)
 
     best_name = max(
-        (n for n, p in preds.items() if p.tok_s is not None),
+        (n for n, p in preds.items() if p.tok_s is not None and not p.bound),
         key=lambda n: (preds[n].tok_s.mean, n == state.running),  # type: ignore[union-attr]
     )
     if best_name == state.running:

@@ -725,6 +725,28 @@ class CycleTimeSurface:
             return None
         return _est(mean, rel * mean, mean * 1e-3, math.inf, 0.0)
 
+    def baseline_bound(self, batch: float) -> Estimate | None:
+        """A baseline never run, bounded by a speculative profile that was: its decode forward
+        carries one token per sequence where the verify carries n and no draft runs, so it
+        costs at most the speculative cycle, and at least 1/n of the verify forward (the cost
+        per token never rises with tokens; the verify is at least 1 - DRAFT_SHARE_MAX of the
+        cycle). Nothing in cycle times says where in between: the interval is that whole band
+        and the mean its midpoint. The donor with the fewest draft tokens gives the tightest
+        band. None without such a profile."""
+        donors = sorted(
+            (sp for sp in self.specs.values() if sp.speculative and not sp.adaptive),
+            key=lambda sp: sp.draft_tokens,
+        )
+        for sp in donors:
+            own = self._own_predict(sp.name, batch)
+            if own is None or own.mean <= 0:
+                continue
+            lo_p, hi_p = own.interval()
+            n = max(int(sp.draft_tokens), 1)
+            lo = max(lo_p, own.mean * 1e-3) * (1.0 - DRAFT_SHARE_MAX) / n
+            return Estimate((lo + hi_p) / 2.0, lo, hi_p, 0.0)
+        return None
+
     # -- persistence
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -1415,8 +1437,11 @@ class ThroughputModel:
         if b is None or b <= 0:
             return ProfilePrediction(profile, None, observed_tok_s=observed, source="no_traffic")
         cyc = self.cycle.estimate(profile, b)
+        if cyc is None and not spec.speculative:
+            cyc = self.cycle.baseline_bound(b)
         acc = self.accept_for_mix(profile, mx, fresh_since_s)
         base_name = self._baseline_name()
+        # The break-even accept length needs the baseline's step time, not a bound on it.
         base = self.cycle.estimate(base_name, b) if base_name is not None else None
         breakeven = None
         if cyc is not None and base is not None and spec.speculative:
@@ -1432,7 +1457,12 @@ class ThroughputModel:
                 source="insufficient",
             )
         L, src_a, t_a = acc
-        cyc_src = "observed" if self.cycle.has_data(profile) else "surface"
+        # "bound": a baseline never run, only bounded by a speculative profile's cycle.
+        cyc_src = (
+            "observed"
+            if self.cycle.has_data(profile)
+            else ("surface" if spec.speculative else "bound")
+        )
         t_c = self.cycle.last_t_s(profile)
         # A surface prediction's uncertainty is already the model's; staleness widens own data.
         stale_c = (

@@ -513,8 +513,8 @@ def _value(
             pr = state.model.predict(
                 name, batch=b, fresh_since_s=state.last_model_change_s, stale_widen=s.stale_widen
             )
-        if pr is None or pr.tok_s is None:
-            return None
+        if pr is None or pr.tok_s is None or pr.bound:
+            return None  # a bound prices nothing: exploration's prior covers it
         wall = wall_estimate(pr.tok_s, per_tok)
         acc[0] += w * wall.mean
         acc[1] += w * wall.low

@@ -165,7 +165,13 @@ class ProfilePrediction:
     cycle_s: Estimate | None = None
     breakeven_accept_length: float | None = None  # baseline_tok_s x cycle_s at this batch size
     observed_tok_s: float | None = None
-    source: str = ""  # "observed", "truncation", "tail_model", "surface", ...
+    source: str = ""  # "observed", "truncation", "tail_model", "surface", "bound", ...
+
+    @property
+    def bound(self) -> bool:
+        """Only the physical bound on a profile never run (a baseline bounded by a speculative
+        profile's cycle): its tok/s interval is where the truth may lie, its mean no estimate."""
+        return "bound" in self.source.split("+")
 
 
 @dataclass(frozen=True)

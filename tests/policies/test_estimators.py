@@ -85,12 +85,24 @@ def test_surface_predicts_unrun_profile_with_wider_interval() -> None:
 
 
 def test_surface_needs_baseline_and_speculative_data() -> None:
-    syn = Synth(seed=4)
+    cost = Cost()
+    syn = Synth(cost=cost, seed=4)
     m = ThroughputModel(PROFILES)
     feed(m, syn, E2, 0, 10, 8)
-    # Only one profile has data: neither the baseline nor 5-step can be read off it.
-    assert m.cycle.estimate("baseline", 8) is None
+    # Only one profile has data: 5-step cannot be read off it (per-sequence and verify costs
+    # are unidentified without the baseline) ...
     assert m.cycle.estimate("eagle5", 8) is None
+    # ... and the baseline only bounded: between 1/3 of 2-step's verify and its whole cycle.
+    e2 = m.cycle.estimate("eagle2", 8)
+    assert m.cycle.estimate("baseline", 8) is None
+    base = m.cycle.baseline_bound(8)
+    assert e2 is not None and base is not None
+    assert inside(base, float(cost.step_s(8, 1)))
+    assert base.high <= e2.high and base.low >= e2.low * 0.95 / 3 * 0.99
+    pred = m.predict("baseline", batch=8.0)
+    assert pred.tok_s is not None and pred.source == "bound"
+    # No break-even accept length from a bound: it needs the baseline's own step time.
+    assert m.predict("eagle2", batch=8.0).breakeven_accept_length is None
 
 
 def test_recency_weighting_follows_drift() -> None:
