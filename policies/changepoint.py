@@ -130,7 +130,9 @@ class CusumDetector:
             # ratio gives the lag-1 autocorrelation rho, and a CUSUM over autocorrelated windows
             # needs the long-run scale sigma sqrt((1 + rho) / (1 - rho)) or it alarms on wander.
             s_reg = math.sqrt(self.var)
-            rho = min(max(1.0 - (s_diff / max(s_reg, 1e-300)) ** 2, 0.0), MAX_RHO)
+            # Differences at least as wide as the spread: no positive autocorrelation (and a
+            # spread of 0, a regime of identical windows, must not overflow the ratio).
+            rho = 0.0 if s_reg <= s_diff else min(1.0 - (s_diff / s_reg) ** 2, MAX_RHO)
             factor = max(1.0, s_reg / s_diff) * math.sqrt((1.0 + rho) / (1.0 - rho))
             self.lr_n += 1
             self.lr_factor += (factor - self.lr_factor) / min(self.lr_n, SIGMA_MEMORY_WINDOWS)

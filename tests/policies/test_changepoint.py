@@ -1,4 +1,5 @@
 import json
+import math
 import os
 
 import numpy as np
@@ -134,3 +135,19 @@ def test_findings_as_data() -> None:
     assert a is not None and a.kind == "acceptance_low"
     assert a.before == pytest.approx(0.47, abs=0.01) and a.after == pytest.approx(0.19)
     assert acceptance_finding("eagle2", [1.94], 1.80, 2, 0.6, 9.0) is None
+
+
+def test_identical_windows_after_noisy_ones_do_not_overflow() -> None:
+    """A regime of identical windows (spread 0) while the differences remember earlier noise: the
+    autocorrelation estimate must not divide by the zero spread (a bench scenario hit this)."""
+    det = CusumDetector()
+    rng = np.random.default_rng(0)
+    for i in range(30):
+        det.update(100.0 + float(rng.normal(0, 1)), 10.0 * i)
+    det.var = 0.0
+    assert det.n >= 20 and det.n_diff >= 2 and det.absdiff > 0
+    s = det.sigma()
+    assert math.isfinite(s) and s > 0
+    for i in range(30, 80):
+        det.update(100.0, 10.0 * i)
+    assert math.isfinite(det.sigma())
