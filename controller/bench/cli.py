@@ -105,26 +105,37 @@ def bench(
         err.print(f"[red]specpilot bench:[/red] {escape(str(e))}")
         raise typer.Exit(2) from None
     policies = list(policy) if policy else None
+    work: list[tuple[Scenario, list[str] | None]] = [(sc, policies) for sc in scenarios]
     if policies is not None:
         from controller.bench.runner import policy_names
 
+        names = {sc.name: policy_names(sc) for sc in scenarios}
+        anywhere = {n for ns in names.values() for n in ns}
+        unknown = [p for p in policies if p not in anywhere]
+        if unknown:
+            known = sorted(anywhere)
+            err.print(
+                f"[red]specpilot bench:[/red] unknown policy {unknown[0]!r} "
+                f"(known: {', '.join(known)})"
+            )
+            raise typer.Exit(2)
+        # A row some scenarios do not have (specpilot_hybrid in a fleet) is left out there.
+        work = []
         for sc in scenarios:
-            unknown = [p for p in policies if p not in policy_names(sc)]
-            if unknown:
-                err.print(
-                    f"[red]specpilot bench:[/red] unknown policy {unknown[0]!r} for {sc.name} "
-                    f"(known: {', '.join(policy_names(sc))})"
-                )
-                raise typer.Exit(2)
-    work = [(sc, policies) for sc in scenarios]
+            mine = [p for p in policies if p in names[sc.name]]
+            for p in policies:
+                if p not in mine:
+                    err.print(f"specpilot bench: {sc.name} has no {p!r} row; left out there")
+            work.append((sc, mine))
+    scenarios = [sc for sc, _ in work]
     if jobs > 1 and len(work) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             results = list(pool.map(_run_one, work))
     else:
         results = []
-        for sc in scenarios:
+        for sc, wanted in work:
             with console.status(f"replaying {sc.name}"):
-                results.append(run_scenario(sc, policies))
+                results.append(run_scenario(sc, wanted))
     missed = print_results(results, console, timing=timing)
     if json_out is not None:
         write_json(results, json_out)

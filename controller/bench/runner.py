@@ -29,10 +29,11 @@ HYBRID = "specpilot_hybrid"
 
 
 def policy_names(scenario: Scenario) -> list[str]:
-    """Every row name, in report order."""
+    """Every row name this scenario has, in report order (a fleet has no hybrid profile, so no
+    specpilot_hybrid row)."""
     return [
         "specpilot",
-        HYBRID,
+        *([HYBRID] if scenario.replicas <= 1 else []),
         *ORACLES,
         "best_static",
         *(f"static:{p}" for p in scenario.profiles),
