@@ -730,7 +730,12 @@ def _sd(e: Estimate) -> float:
 
 
 def _restart(state: PolicyState, profile: str, s: PolicySettings) -> float:
-    return state.restart_s.get(profile, s.restart_prior_s)
+    """The profile's learned restart time; for one never restarted, the longest learned for
+    another (restarts of one model differ mostly by the CUDA graphs captured, and an adaptive
+    profile captures a graph per tier: the cautious guess), else the prior."""
+    if profile in state.restart_s:
+        return state.restart_s[profile]
+    return max(state.restart_s.values(), default=s.restart_prior_s)
 
 
 def _restarts_last_hour(state: PolicyState, now_s: float) -> int:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from policies.decide import (
     PolicySettings,
     PolicyState,
+    _restart,
     decide,
     initial_state,
     on_switch_done,
@@ -265,6 +266,12 @@ def test_restart_time_is_learned() -> None:
     dr = Driver("baseline", seed=12, restart_s=90.0)
     dr.run(120, 8, HI, MIX)
     assert dr.state.restart_s["eagle5"] == pytest.approx(0.5 * S.restart_prior_s + 0.5 * 90.0)
+    # A profile never restarted is priced at the longest restart learned so far, not the prior.
+    assert "eagle2" not in dr.state.restart_s
+    assert _restart(dr.state, "eagle2", S) == pytest.approx(dr.state.restart_s["eagle5"])
+    dr.state.restart_s["baseline"] = 400.0
+    assert _restart(dr.state, "eagle2", S) == 400.0
+    assert _restart(initial_state(PROFILES, "baseline", 0.0, S), "eagle2", S) == S.restart_prior_s
 
 
 def test_same_decisions_in_advisory_mode(warm_state) -> None:  # type: ignore[no-untyped-def]
