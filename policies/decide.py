@@ -500,6 +500,7 @@ def _on_event(
             # This workload's own accept length moved: forget its level (and the evidence
             # pooled over workloads, which holds it); the other workloads' levels did not move.
             state.model.accept.discount(p, s.change_discount, workload=key[len(per_workload) :])
+            hybrid_decide.discount_self(state, p, s.change_discount, "accept")
             _model_change(state, t_change, "accept")
         elif key == f"cycle:{p}":
             # The stream is step time / prediction: report it in seconds at the batch now.
@@ -514,6 +515,7 @@ def _on_event(
                 s,
             )
             state.model.cycle.discount(p, s.change_discount)
+            hybrid_decide.discount_self(state, p, s.change_discount, "cycle")
             _model_change(state, t_change, "cycle")
         elif key == "batch" or key.startswith("mix:"):
             if key.startswith("mix:"):
@@ -662,6 +664,8 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
     if obs.counter_reset:
         return "reset"
     sig = state.model.observe(obs)
+    # A running adaptive profile's own windows correct its table-based prediction.
+    hybrid_decide.observe_self(state, obs, s)
     state.overhead.update(obs)
     hybrid_decide.observe(state.long_run, sig.batch, obs.window_s, obs.t_s, s)
     _boot_check(state, obs, s)
@@ -703,6 +707,7 @@ def _adopt(
     }
     # A new boot: old estimates of this profile become a weak prior (drift across boots).
     state.model.cycle.discount(profile, s.boot_carryover)
+    hybrid_decide.discount_self(state, profile, s.boot_carryover)
     state.model.accept.discount(profile, s.boot_carryover)
     # The all-workload accept length and the cycle level start over with the boot (the mix
     # may have moved meanwhile; a boot may have drifted: _boot_check compares). Per-workload

@@ -729,6 +729,97 @@ def _sd(e: Estimate) -> float:
 
 
 # --------------------------------------------------------------------------------------------
+# Self-correction: what the adaptive profile's own windows say about its prediction
+
+
+@dataclass
+class LogRatio:
+    """Exponentially forgotten moments of log(observed / predicted) over windows (each window
+    weighted by the share of it the ratio speaks for): the mean is the correction, its scatter
+    over the effective number of windows its standard error. JSON as a list of five floats."""
+
+    w: float = 0.0  # forgotten weight (windows)
+    w2: float = 0.0  # forgotten sum of squared weights (effective n = w^2 / w2)
+    sx: float = 0.0
+    sxx: float = 0.0
+    count: float = 0.0  # weight since the last discount (the minimum-data rule counts these)
+
+    def add(self, x: float, weight: float = 1.0) -> None:
+        if not (math.isfinite(x) and weight > 0):
+            return
+        self.w += weight
+        self.w2 += weight * weight
+        self.sx += weight * x
+        self.sxx += weight * x * x
+        self.count += weight
+
+    def scale(self, f: float) -> None:
+        self.w *= f
+        self.w2 *= f * f
+        self.sx *= f
+        self.sxx *= f
+
+    def merged(self, other: LogRatio) -> LogRatio:
+        return LogRatio(
+            self.w + other.w,
+            self.w2 + other.w2,
+            self.sx + other.sx,
+            self.sxx + other.sxx,
+            self.count + other.count,
+        )
+
+    def mean(self) -> float:
+        return self.sx / self.w if self.w > 0 else 0.0
+
+    def se(self, floor: float) -> float:
+        """Standard error of the mean (at least `floor`: a handful of identical windows is not
+        certainty about the next hour)."""
+        if self.w <= 0:
+            return math.inf
+        var = max(self.sxx / self.w - self.mean() ** 2, 0.0)
+        n_eff = self.w * self.w / self.w2 if self.w2 > 0 else 1.0
+        return max(math.sqrt(var / max(n_eff, 1.0)), floor)
+
+    def to_json(self) -> list[float]:
+        return [self.w, self.w2, self.sx, self.sxx, self.count]
+
+    @classmethod
+    def from_json(cls, v: Sequence[float]) -> LogRatio:
+        if len(v) != 5 or not all(isinstance(x, int | float) for x in v):
+            raise ValueError(f"LogRatio JSON must be 5 numbers (got {v!r})")
+        return cls(*(float(x) for x in v))
+
+
+def scale_estimate(e: Estimate, log_factor: float, log_se: float) -> Estimate:
+    """`e` multiplied by exp(log_factor), its interval widened by a ~90% band of `log_se` on the
+    factor (relative half-widths add in quadrature)."""
+    f = math.exp(log_factor)
+    mean = e.mean * f
+    if not (e.mean > 0):
+        return Estimate(mean, e.low * f, e.high * f, e.n)
+    band = Z90 * log_se
+    lo_rel = math.hypot(1.0 - e.low / e.mean, band) if math.isfinite(band) else 1.0
+    hi_rel = math.hypot(e.high / e.mean - 1.0, band) if math.isfinite(e.high) else math.inf
+    return Estimate(mean, max(mean * (1.0 - lo_rel), 0.0), mean * (1.0 + hi_rel), e.n)
+
+
+def corrected_cycle(
+    cycle: CycleFn, factor: Callable[[float, int], tuple[float, float] | None]
+) -> CycleFn:
+    """`cycle` with each tier's time at a batch size scaled by `factor(batch, g)` -> (log factor,
+    its standard error), where the factor knows one; uncorrected elsewhere."""
+
+    def at(batch: float, g: int) -> Estimate | None:
+        e = cycle(batch, g)
+        if e is None:
+            return None
+        f = factor(batch, g)
+        return e if f is None else scale_estimate(e, f[0], f[1])
+
+    return at
+
+
+# --------------------------------------------------------------------------------------------
 # Reading the inputs off specpilot's estimators
 
 
@@ -832,15 +923,18 @@ __all__ = [
     "AdaptiveBreakdown",
     "BucketChoice",
     "CycleFn",
+    "LogRatio",
     "SlotRule",
     "accept_model_from",
     "adaptive_breakdown",
+    "corrected_cycle",
     "cuda_graph_batch_sizes",
     "generate_table",
     "parse_table",
     "predict_adaptive",
     "rewrite_pays",
     "route",
+    "scale_estimate",
     "seed_table",
     "table_distance",
     "table_json",

@@ -34,8 +34,9 @@ Must not: read clocks, do I/O, or import anything outside stdlib/numpy/scipy and
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,16 +45,26 @@ from policies.hybrid import (
     DEFAULT_BUCKETS,
     AcceptModel,
     CycleFn,
+    LogRatio,
     accept_model_from,
     adaptive_breakdown,
+    corrected_cycle,
     generate_table,
     rewrite_pays,
+    scale_estimate,
     seed_table,
     table_distance,
     tier_cycle_from,
 )
 from policies.overhead import wall_estimate
-from policies.types import Decision, Estimate, ProfilePrediction, ProfileSpec, Reason
+from policies.types import (
+    Decision,
+    Estimate,
+    Observation,
+    ProfilePrediction,
+    ProfileSpec,
+    Reason,
+)
 
 if TYPE_CHECKING:
     from policies.decide import PolicySettings, PolicyState
@@ -117,9 +128,15 @@ class HybridState:
     # cycle time) and the last model change it saw.
     last_look_s: float | None = None
     look_model_change_s: float | None = None
+    # What each adaptive profile's own windows say of its prediction (observe_self): profile ->
+    # key -> LogRatio of observed / predicted. "T:<bucket>:<tier>": mean cycle time at a
+    # half-octave batch bucket, attributed to the tiers by their predicted shares; "L:<bucket>":
+    # tokens per sequence per cycle; "<bucket>" "*" pools every bucket.
+    corr: dict[str, dict[str, LogRatio]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "corr": {p: {k: r.to_json() for k, r in c.items()} for p, c in self.corr.items()},
             "tables": _copy(self.tables),
             "last_regen_s": self.last_regen_s,
             "regen_key": self.regen_key,
@@ -137,6 +154,10 @@ class HybridState:
             events=_copy(d.get("events", [])),
             last_look_s=d.get("last_look_s"),
             look_model_change_s=d.get("look_model_change_s"),
+            corr={
+                str(p): {str(k): LogRatio.from_json(v) for k, v in c.items()}
+                for p, c in d.get("corr", {}).items()
+            },
         )
 
     def launch_table(self, profile: str) -> dict[str, Any] | None:
@@ -253,11 +274,17 @@ def _baseline(state: PolicyState) -> str | None:
 
 
 def inputs(
-    state: PolicyState, spec: ProfileSpec, mix: Mapping[str, float] | None = None
+    state: PolicyState,
+    spec: ProfileSpec,
+    mix: Mapping[str, float] | None = None,
+    *,
+    corrected: bool = True,
 ) -> tuple[AcceptModel, CycleFn] | None:
     """Acceptance and tier cycle times for `spec`'s tiers, read off the fixed profiles of the
     same drafter (their accept lengths per workload; their cycle estimates; the baseline's for
-    tier 0). None without a speculative profile with an accept prediction."""
+    tier 0), the tier cycle times corrected by what `spec`'s own windows said of them
+    (`corrected`, see observe_self). None without a speculative profile with an accept
+    prediction."""
     fixed = _fixed_specs(state, spec)
     fresh = state.last_model_change_s
     model = state.model
@@ -279,7 +306,203 @@ def inputs(
     cyc = tier_cycle_from(
         by_steps, (lambda b: model.cycle.estimate(base, b)) if base is not None else None
     )
+    hs = state.hybrid
+    corr = hs.corr.get(spec.name) if hs is not None and corrected else None
+    if corr:
+        min_w = float(state.settings.min_windows)
+        shift = _shift_fn(corr, cyc)
+        cyc = corrected_cycle(cyc, lambda b, g: _cycle_factor(corr, b, g, min_w, shift))
     return am, cyc
+
+
+# --------------------------------------------------------------------------------------------
+# Self-correction: an adaptive profile's own windows against its prediction
+#
+# Its prediction is built from the fixed profiles' estimates (their cycle times per batch size,
+# their acceptance) and an emulation of SGLang's rule: model error (the emulated tier shares,
+# the draft-extend tax) and drift since the fixed profiles last ran (verify cost rising over a
+# day) are invisible to it. While the adaptive profile runs, each window's mean cycle time and
+# tokens per sequence per cycle are compared with what the uncorrected model predicted for the
+# window's batch size, mix and running table; the forgotten mean log ratio (half-life of the
+# cycle surface, discounted with it at a detected change or a new boot) scales the tier cycle
+# times (the tiers that ran, by their predicted shares; the other drafting tiers share the
+# drafting tiers' correction: a verify or draft forward that drifts does so for every tier)
+# and the accept length. Table generation reads the same corrected tier costs, so a rewrite
+# is priced at current costs.
+
+# Below this standard error a correction's mean is not trusted further: changes under 0.5% are
+# noise to the decision (the CUSUM's relative floor).
+SELF_SE_FLOOR = 0.005
+# A correction learned at other batch sizes transfers with this much doubt (a fraction of its
+# own size as one standard deviation): drift of the verify forward weighs differently at other
+# batch sizes.
+SELF_TRANSFER_DOUBT = 0.5
+
+
+def _usable(r: LogRatio | None, min_w: float, other_bucket: bool) -> tuple[float, float] | None:
+    if r is None or r.count < min_w or r.w <= 0:
+        return None
+    mean = r.mean()
+    se = r.se(SELF_SE_FLOOR)
+    if other_bucket:
+        se = math.hypot(se, SELF_TRANSFER_DOUBT * mean)
+    return mean, se
+
+
+def _cycle_factor(
+    corr: Mapping[str, LogRatio], batch: float, g: int, min_w: float, shift: ShiftFn
+) -> tuple[float, float] | None:
+    """(log factor, standard error) of tier g's cycle time at `batch`: the tier's own ratio at
+    the batch's bucket, else the drafting tiers' there (g >= 1), else the same at the other
+    buckets (with the transfer doubt); tier 0 (the baseline forward plus the draft-extend pass,
+    priced from the baseline's own data) only by its own ratios. Each (bucket, tier) ratio is
+    re-referenced to the model now (`shift`): where the fixed profiles' estimates moved since
+    the windows were compared with them (a fixed profile ran again and measured the drift), the
+    correction moves back by as much, so the adaptive profile's own level is counted once."""
+    k = str(batch_bucket(batch))
+    cells: dict[str, list[int]] = {}
+    for key in corr:
+        if key.startswith("T:"):
+            _, b, tier = key.split(":")
+            cells.setdefault(b, []).append(int(tier))
+    others = [b for b in cells if b != k]
+    options: list[tuple[list[tuple[str, int]], bool]] = [([(k, g)], False)]
+    if g >= 1:
+        options.append(([(k, t) for t in cells.get(k, []) if t >= 1], False))
+    options.append(([(b, g) for b in others if g in cells[b]], True))
+    if g >= 1:
+        options.append(([(b, t) for b in others for t in cells[b] if t >= 1], True))
+    for cellset, other in options:
+        parts = [
+            (x, shift(b, t))
+            for b, t in cellset
+            if (x := corr.get(f"T:{b}:{t}")) is not None and x.w > 0
+        ]
+        if not parts:
+            continue
+        pooled = parts[0][0]
+        for x, _ in parts[1:]:
+            pooled = pooled.merged(x)
+        f = _usable(pooled, min_w, other)
+        if f is None:
+            continue
+        mean = sum(x.w * (x.mean() - d) for x, d in parts) / pooled.w
+        se = pooled.se(SELF_SE_FLOOR)
+        if other:
+            se = math.hypot(se, SELF_TRANSFER_DOUBT * mean)
+        return mean, se
+    return None
+
+
+# (bucket, tier) -> log of the uncorrected model's tier cycle now minus its mean when the
+# bucket's windows were compared with it.
+ShiftFn = Callable[[str, int], float]
+
+
+def _shift_fn(corr: Mapping[str, LogRatio], base: CycleFn) -> ShiftFn:
+    @functools.lru_cache(maxsize=256)
+    def shift(b: str, g: int) -> float:
+        ref, nb = corr.get(f"R:{b}:{g}"), corr.get(f"N:{b}")
+        if ref is None or nb is None or ref.w <= 0 or nb.w <= 0:
+            return 0.0
+        e = base(max(nb.mean(), 1.0), g)
+        if e is None or not e.mean > 0:
+            return 0.0
+        return math.log(e.mean) - ref.mean()
+
+    return shift
+
+
+def _accept_factor(
+    corr: Mapping[str, LogRatio], batch: float, min_w: float
+) -> tuple[float, float] | None:
+    k = str(batch_bucket(batch))
+    return _usable(corr.get(f"L:{k}"), min_w, False) or _usable(corr.get("L:*"), min_w, True)
+
+
+def observe_self(state: PolicyState, obs: Observation, s: PolicySettings) -> None:
+    """One window of a running adaptive profile against its uncorrected prediction for the
+    window's batch size and the running table (called after the estimators took the window:
+    the mix is the one now). Windows without decode moments say nothing."""
+    hs = state.hybrid
+    name = obs.profile
+    if hs is None or name not in hs.tables:
+        return
+    corr = hs.corr.setdefault(name, {})
+    lam = 0.5 ** (max(obs.window_s, 0.0) / s.cycle_half_life_s)
+    for r in corr.values():
+        r.scale(lam)  # forgotten with the profile's observed time, as its cycle statistics
+    m = obs.moments
+    if m is None or m.n_steps <= 0:
+        return
+    vals = (m.n_steps, m.sum_bs, m.sum_step_s, m.sum_generated)
+    if not all(math.isfinite(v) and v > 0 for v in vals):
+        return
+    batch = m.sum_bs / m.n_steps
+    if batch < 1.0:
+        return
+    t = hs.tables[name]
+    table = t["running_table"] or t["table"]
+    spec = state.specs[name]
+    ins = inputs(state, spec, corrected=False)
+    if ins is None:
+        return
+    am, cyc = ins
+    try:
+        br = adaptive_breakdown(
+            table, am, cyc, batch, launch_steps=spec.num_steps, max_bs=s.hybrid_max_running_requests
+        )
+    except ValueError:
+        return
+    if br is None or not (br.cycle_s > 0 and br.accept_length > 0):
+        return
+    x_t = math.log((m.sum_step_s / m.n_steps) / br.cycle_s)
+    x_l = math.log((m.sum_generated / m.sum_bs) / br.accept_length)
+    k = str(batch_bucket(batch))
+    corr.setdefault(f"N:{k}", LogRatio()).add(batch)
+    for g, share in br.shares.items():
+        corr.setdefault(f"T:{k}:{g}", LogRatio()).add(x_t, share)
+        e = cyc(batch, g)
+        if e is not None and e.mean > 0:
+            corr.setdefault(f"R:{k}:{g}", LogRatio()).add(math.log(e.mean), share)
+    for b in (k, "*"):
+        corr.setdefault(f"L:{b}", LogRatio()).add(x_l)
+
+
+def discount_self(state: PolicyState, profile: str, factor: float, what: str = "all") -> None:
+    """Keep `factor` of an adaptive profile's self-correction evidence ("cycle": its cycle
+    ratios, at a detected change in its cycle time; "accept": its accept ratios, at one in its
+    acceptance; "all": both, at a new boot), as the estimators discount their own."""
+    hs = state.hybrid
+    corr = hs.corr.get(profile) if hs is not None else None
+    if not corr:
+        return
+    f = min(max(factor, 0.0), 1.0)
+    prefix = {"cycle": ("T:", "R:", "N:"), "accept": ("L:",), "all": ("T:", "R:", "N:", "L:")}[what]
+    for k, r in corr.items():
+        if k.startswith(prefix):
+            r.scale(f)
+            r.count = 0.0
+
+
+def self_correction(
+    state: PolicyState, profile: str, batch: float
+) -> dict[str, tuple[float, float] | None]:
+    """The corrections that apply to `profile` at `batch` (for diagnostics and tests): per tier
+    "T:<g>" and "L" -> (log factor, standard error) or None."""
+    hs = state.hybrid
+    corr = hs.corr.get(profile) if hs is not None else None
+    if not corr:
+        return {}
+    min_w = float(state.settings.min_windows)
+    tiers = {int(k.split(":")[2]) for k in corr if k.startswith("T:")}
+    ins = inputs(state, state.specs[profile], corrected=False)
+    shift = _shift_fn(corr, ins[1]) if ins is not None else (lambda b, g: 0.0)
+    out: dict[str, tuple[float, float] | None] = {
+        f"T:{g}": _cycle_factor(corr, batch, g, min_w, shift) for g in sorted(tiers)
+    }
+    out["L"] = _accept_factor(corr, batch, min_w)
+    return out
 
 
 def predict(
@@ -309,13 +532,21 @@ def predict(
         return None
     tok = br.tok_s
     L = br.accept_length
+    source = "adaptive_model"
+    corr = hs.corr.get(spec.name)
+    fl = _accept_factor(corr, batch, float(state.settings.min_windows)) if corr else None
+    if fl is not None:
+        tok = scale_estimate(tok, fl[0], fl[1])
+        L *= math.exp(fl[0])
+    if corr and any(r.count >= state.settings.min_windows for r in corr.values()):
+        source += "+self"
     return ProfilePrediction(
         spec.name,
         tok,
         accept_length=Estimate(L, L * tok.low / tok.mean, L * tok.high / tok.mean, tok.n),
         cycle_s=Estimate(br.cycle_s, br.cycle_s, br.cycle_s, tok.n),
         observed_tok_s=state.model.observed_tok_s(spec.name),
-        source="adaptive_model",
+        source=source,
     )
 
 

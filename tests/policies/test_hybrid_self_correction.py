@@ -1,0 +1,148 @@
+"""An adaptive profile's own windows correct its table-based prediction
+(hybrid_decide.observe_self): it follows drift of its true cost while it runs, survives a
+to_dict/from_dict round trip, and moves nothing when the model was right.
+
+The synth runs the adaptive profile as its one tier (a table with the single candidate 2:
+SGLang's rule then never leaves it), so its truth is the 2-step chain's at the synth's costs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from policies import hybrid_decide
+from policies.decide import PolicySettings, PolicyState, decide, initial_state, on_switch_done
+from policies.types import Overrides, ProfileSpec, Reason
+from tests.policies.synth import PROFILES, Cost, Synth
+
+S = PolicySettings()
+ALPHAS = {"chat": 0.7}
+CHAT = {"chat": 1.0}
+BATCH = 4.0
+HYB = ProfileSpec(
+    "hybrid", num_steps=2, draft_tokens=3, algorithm="EAGLE3", adaptive=True, candidate_steps=(2,)
+)
+TABLE = {"1": {"candidate_steps": [2]}}
+PAUSE = Overrides(paused_until_s=math.inf)
+
+
+def _trained(seed: int = 5) -> tuple[PolicyState, Synth, float]:
+    """Every fixed profile run 40 windows at BATCH, then the adaptive one launched (decisions
+    paused: the test drives which profile runs)."""
+    st = initial_state(
+        (*PROFILES, HYB), "baseline", 0.0, S, adaptive_tables={"hybrid": {"table": TABLE}}
+    )
+    syn = Synth(cost=Cost(), seed=seed)
+    t = 0.0
+    for name in ("baseline", "eagle2", "eagle5", "hybrid"):
+        if name != st.running:
+            t += 120.0
+            st = on_switch_done(st, name, True, 120.0, t)
+        if name == "hybrid":
+            break
+        for _ in range(40):
+            t += 10.0
+            st, d = decide(st, syn.window(st.specs[name], t, BATCH, ALPHAS, CHAT), t, S, PAUSE)
+            assert d.reason is Reason.HOLD_PAUSED
+    return st, syn, t
+
+
+def _run_hybrid(st: PolicyState, syn: Synth, t: float, n: int) -> tuple[PolicyState, float]:
+    for _ in range(n):
+        t += 10.0
+        st, _d = decide(st, syn.window(HYB, t, BATCH, ALPHAS, CHAT), t, S, PAUSE)
+    return st, t
+
+
+def _pred(st: PolicyState) -> float:
+    pr = hybrid_decide.predict(st, HYB, BATCH, S)
+    assert pr is not None and pr.tok_s is not None
+    return pr.tok_s.mean
+
+
+def _truth(syn: Synth) -> float:
+    return syn.true_tok_s(HYB, BATCH, ALPHAS, CHAT)
+
+
+def test_prediction_follows_a_step_in_its_own_cost_within_a_few_windows() -> None:
+    st, syn, t = _trained()
+    st, t = _run_hybrid(st, syn, t, 30)
+    before = _pred(st)
+    assert abs(before / _truth(syn) - 1.0) < 0.03
+    # The verify forward gets 60% dearer while the adaptive profile runs; the fixed profiles'
+    # data (what the table-based prediction rests on) still says the old cost.
+    syn.cost = dataclasses.replace(syn.cost, verify_fixed_s=syn.cost.verify_fixed_s * 1.6)
+    truth = _truth(syn)
+    assert truth < 0.85 * before
+    st, t = _run_hybrid(st, syn, t, 12)
+    after = _pred(st)
+    assert abs(after / truth - 1.0) < 0.04, (before, after, truth)
+    # ... and so does the tier cost the table generation reads.
+    ins = hybrid_decide.inputs(st, HYB)
+    stale = hybrid_decide.inputs(st, HYB, corrected=False)
+    assert ins is not None and stale is not None
+    c_new, c_old = ins[1](BATCH, 2), stale[1](BATCH, 2)
+    assert c_new is not None and c_old is not None
+    true_ratio = float(syn.cost.step_s(BATCH, 3)) / float(
+        dataclasses.replace(syn.cost, verify_fixed_s=syn.cost.verify_fixed_s / 1.6).step_s(BATCH, 3)
+    )
+    assert abs(c_new.mean / c_old.mean / true_ratio - 1.0) < 0.04
+
+
+def test_prediction_follows_a_slow_drift() -> None:
+    st, syn, t = _trained(seed=9)
+    st, t = _run_hybrid(st, syn, t, 30)
+    v0 = syn.cost.verify_fixed_s
+    # Verify cost ramps 1.0x -> 1.6x over four hours of the adaptive profile running (no step a
+    # change detector would call one): the correction tracks it with the cycle half-life's lag.
+    steps = 1440
+    for i in range(steps):
+        syn.cost = dataclasses.replace(syn.cost, verify_fixed_s=v0 * (1.0 + 0.6 * i / steps))
+        st, t = _run_hybrid(st, syn, t, 1)
+    truth = _truth(syn)
+    stale = hybrid_decide.inputs(st, HYB, corrected=False)
+    assert stale is not None
+    assert abs(_pred(st) / truth - 1.0) < 0.04
+
+
+def test_no_drift_changes_nothing() -> None:
+    st, syn, t = _trained(seed=11)
+    # Before its own windows: the prediction from the fixed profiles alone.
+    st, t = _run_hybrid(st, syn, t, 1)
+    base = _pred(st)
+    st, t = _run_hybrid(st, syn, t, 120)
+    corr = hybrid_decide.self_correction(st, "hybrid", BATCH)
+    assert corr["T:2"] is not None and corr["L"] is not None
+    assert abs(corr["T:2"][0]) < 0.02 and abs(corr["L"][0]) < 0.02
+    assert abs(_pred(st) / base - 1.0) < 0.02
+    assert abs(_pred(st) / _truth(syn) - 1.0) < 0.03
+
+
+def test_self_correction_round_trips() -> None:
+    st, syn, t = _trained(seed=13)
+    syn.cost = dataclasses.replace(syn.cost, verify_fixed_s=syn.cost.verify_fixed_s * 1.3)
+    st, t = _run_hybrid(st, syn, t, 40)
+    back = PolicyState.from_dict(st.to_dict())
+    assert st.hybrid is not None and back.hybrid is not None
+    assert {p: {k: r.to_json() for k, r in c.items()} for p, c in back.hybrid.corr.items()} == {
+        p: {k: r.to_json() for k, r in c.items()} for p, c in st.hybrid.corr.items()
+    }
+    assert _pred(back) == _pred(st)
+    assert hybrid_decide.self_correction(back, "hybrid", BATCH) == hybrid_decide.self_correction(
+        st, "hybrid", BATCH
+    )
+    # A state saved before self-correction existed loads without one.
+    d = st.to_dict()
+    del d["hybrid"]["corr"]
+    assert PolicyState.from_dict(d).hybrid.corr == {}  # type: ignore[union-attr]
+
+
+def test_a_new_boot_keeps_only_a_carryover_of_the_correction() -> None:
+    st, syn, t = _trained(seed=17)
+    syn.cost = dataclasses.replace(syn.cost, verify_fixed_s=syn.cost.verify_fixed_s * 1.3)
+    st, t = _run_hybrid(st, syn, t, 40)
+    assert st.hybrid is not None
+    w_before = st.hybrid.corr["hybrid"]["T:4:2"].w
+    st = on_switch_done(st, "hybrid", True, 120.0, t + 120.0)
+    r = st.hybrid.corr["hybrid"]["T:4:2"]
+    assert math.isclose(r.w, S.boot_carryover * w_before) and r.count == 0.0
