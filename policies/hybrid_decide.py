@@ -9,7 +9,12 @@ restart; table events for the shell to record; None without adaptive profiles) a
 policies.decide calls:
 - `observe`: one window's batch size into the histogram, and a flip when it moved by 2x;
 - `predict`: an adaptive profile's prediction at a batch size (policies.hybrid.predict_adaptive
-  on the fixed profiles' cycle estimates and acceptance, wall time as decide converts it);
+  on the fixed profiles' cycle estimates and acceptance, wall time as decide converts it),
+  corrected by what its own windows said;
+- `observe_self` / `discount_self`: a running adaptive profile's windows against its
+  uncorrected prediction (forgotten log ratios per batch bucket and tier: the self-correction
+  that `inputs` applies to the tier cycle times and `predict` to the accept length), and their
+  discount at a detected change in its cycle time or acceptance or a new boot;
 - `refresh_tables`: generate each managed profile's table from the estimates now (at most every
   `hybrid_regen_interval_s`, or at once after a change in acceptance or cycle time); a profile
   not running takes the new table for free, the running one keeps it as a candidate;
