@@ -675,7 +675,10 @@ class CycleTimeSurface:
                 s2 = float(np.sum(w * resid**2)) / max(len(xs) - 2, 1) if len(xs) > 2 else 1.0
                 beta_var = max(s2, 1.0) / sxx
         g_p = max(p.num_steps, 1)
-        d0_max = DRAFT_SHARE_MAX * t_p / g_p
+        # d0 is the batch-independent part of a draft step (what grows with B is in beta): the
+        # draft share bounds it where the donor's cycle is shortest, at its smallest batch.
+        t_min = min(y for _, y, _, _ in self._points(p.name))
+        d0_max = DRAFT_SHARE_MAX * min(t_min, t_p) / g_p
         shift = (nq - np_) * d0_max / 2.0
         var = ((nq - np_) * d0_max) ** 2 / 12.0
         corr_scale = (r - 1.0) * batch / (np_ - 1)
