@@ -31,6 +31,7 @@ from policies.chain import (
     expected_accept_length,
     extrapolated_accept_length,
     fit_tail,
+    hist_from_alpha,
     predict_from_mean,
     truncated_accept_estimate,
 )
@@ -1167,9 +1168,15 @@ class AcceptLength:
         workload gets the constant-alpha chain map of its own mean, and one calibration factor
         c makes their verify-weighted mixture reproduce the histogram's exact truncation (or
         tail model): c = (histogram ratio) / (model ratio), 1 when the chain model is right.
+        Beyond the histogram (gq > gp) the tail model is compared like with like: applied to
+        the histogram the per-workload chains would produce, it shows the bias a mixture gives
+        it on its own (the low-alpha workloads drop out of the later positions, so a pooled
+        tail rate understates the rest), and only the observed histogram's departure from that
+        counts as a shape the chains miss.
         Returns (c, {workload: (estimate, tokens)}) or None without per-workload data."""
         per: dict[str, tuple[Estimate, float]] = {}
         num_model = num_obs = 0.0
+        model_hist = np.zeros(gp + 1)
         for w, st in self.ratios[p.name].items():
             if w == AGGREGATE:
                 continue
@@ -1178,9 +1185,17 @@ class AcceptLength:
                 continue
             num_model += st.w * (_chain_map(e.mean, gp, gq) - 1.0)
             num_obs += st.w * (e.mean - 1.0)
+            a = alpha_from_accept_length(min(max(e.mean, 1.0), gp + 1.0), gp)
+            model_hist += hist_from_alpha(a, gp, st.w)
             per[w] = (e, st.wl)
         if not per or num_model <= _TINY or num_obs <= _TINY or lp_h <= 1.0 + 1e-9:
             return None
+        if gq > gp and model_hist.sum() > 0:
+            lp_m, _, _ = truncated_accept_estimate(model_hist, gp)
+            mq_m = extrapolated_accept_length(fit_tail(model_hist), gq)[0]
+            if lp_m > 1.0 + 1e-9 and mq_m > 1.0 + 1e-9:
+                # What the tail model says of the chains' own histogram, per observed token.
+                num_model = num_obs * (mq_m - 1.0) / (lp_m - 1.0)
         # The calibration matches the whole histogram: the workloads with estimates must be
         # (nearly) all of its verify steps, or c would absorb the missing ones.
         agg = self.ratios[p.name].get(AGGREGATE)

@@ -289,3 +289,21 @@ def test_extrapolation_band_respects_monotonicity_and_per_sequence_cost() -> Non
     assert up.low < _saturating(96.0) < up.high
     down = surf.estimate("baseline", 4.0)
     assert down is not None and down.low >= y16 * 4.0 / 16.0 * 0.99 and down.high <= y16 * 1.01
+
+
+def test_tail_model_is_not_biased_by_a_mixture_of_workloads() -> None:
+    """Two workloads with very different acceptance share one server-wide histogram of 2-step
+    accepted drafts: its later positions over-represent the high-alpha workload, so a pooled
+    tail rate alone would understate 5-step. Compared like with like (the tail model on the
+    chains' own mixture histogram), each workload's 5-step accept length is its chain's."""
+    alphas = {"chat": 0.3, "code": 0.9}
+    mix = {"chat": 0.5, "code": 0.5}
+    m = ThroughputModel(PROFILES)
+    syn = Synth(seed=21)
+    feed(m, syn, E2, 0, 400, 16, alphas=alphas, mix=mix)
+    for w, a in alphas.items():
+        ap = m.accept.predict("eagle5", w)
+        truth = float(expected_accept_length(a, 5))
+        assert ap is not None and ap.source == "tail_model"
+        assert abs(ap.estimate.mean / truth - 1.0) < 0.03, (w, ap.estimate, truth)
+        assert ap.estimate.low <= truth <= ap.estimate.high, (w, ap.estimate, truth)
