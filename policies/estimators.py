@@ -464,7 +464,9 @@ class CycleTimeSurface:
         saturating experts high), capped by the neighbouring secants extended into the gap
         (the most a concave stretch can rise); beyond the largest batch, from flat (saturated)
         to EXTRAPOLATION_SLOPE_MAX x the end secant, within [y0, y0 B/B0]; below the smallest,
-        the mirror image within [y0 B/B0, y0]. The centre is the chord or the end secant."""
+        the mirror image within [y0 B/B0, y0] (where another profile served that batch size the
+        system's curve there is data: the continuation is a line, half its growth uncertain).
+        The centre is the chord or the end secant."""
         pts = self._points(profile)
         if not pts:
             line = self._line_predict(profile, batch)
@@ -548,10 +550,18 @@ class CycleTimeSurface:
             # holds here, up to the model floor.
             extra = SURFACE_REL_ERR_FLOOR * slope * abs(d) / Z90
             return _Pred(mean, v0 + svar * d * d + extra * extra, "extrapolated")
-        # Beyond the data the slope may be anything from flat (saturated) to EXTRAPOLATION_SLOPE_MAX
-        # times the end secant (turning compute-bound), within the physical band. The sampling
-        # error of the slope counts only for the data's own end secant: a slope borrowed from
-        # elsewhere carries a shape allowance that this band replaces.
+        if self._served_by_any(batch):
+            # Another profile served this batch size: the system's cost curve there is data
+            # (the shared surface's slope saw it), so the profile's own continuation is a line
+            # with half its growth as shape uncertainty, on top of the sampling error and floor.
+            extra = SURFACE_REL_ERR_FLOOR * slope * abs(d) / Z90
+            shape = slope * abs(d) / 2.0 / Z90
+            return _Pred(mean, v0 + svar * d * d + extra * extra + shape * shape, "extrapolated")
+        # Beyond every batch size any profile served, the slope may be anything from flat
+        # (saturated) to EXTRAPOLATION_SLOPE_MAX times the end secant (turning compute-bound),
+        # within the physical band. The sampling error of the slope counts only for the data's
+        # own end secant: a slope borrowed from elsewhere carries a shape allowance that this
+        # band replaces.
         reach = EXTRAPOLATION_SLOPE_MAX * slope * abs(d)
         if d > 0:
             lo, hi = y0, min(hi, y0 + reach)
@@ -559,6 +569,16 @@ class CycleTimeSurface:
             lo, hi = max(lo, y0 - reach), y0
         sampling = v0 + (svar * d * d if len(side) >= 2 else 0.0)
         return _Pred(mean, sampling, "extrapolated", lo, hi)
+
+    def _served_by_any(self, batch: float) -> bool:
+        """Whether some profile's batch buckets with data reach `batch` (its bucket, or between
+        two served sizes of one profile)."""
+        k = batch_bucket(batch)
+        for name in self.buckets:
+            pts = self._points(name)
+            if pts and (pts[0][0] <= batch <= pts[-1][0] or any(p[3] == k for p in pts)):
+                return True
+        return False
 
     def _line_predict(self, profile: str, batch: float) -> tuple[float, float] | None:
         """(mean, variance) from the profile's line over all its windows; None below the

@@ -307,3 +307,22 @@ def test_tail_model_is_not_biased_by_a_mixture_of_workloads() -> None:
         assert ap is not None and ap.source == "tail_model"
         assert abs(ap.estimate.mean / truth - 1.0) < 0.03, (w, ap.estimate, truth)
         assert ap.estimate.low <= truth <= ap.estimate.high, (w, ap.estimate, truth)
+
+
+def test_extrapolation_is_a_line_where_another_profile_served_that_batch_size() -> None:
+    """Baseline served at one stream only, 2-step at 1 and 48: at 48 the system's cost curve is
+    data (the shared surface saw it), so baseline's continuation is a line with half its growth
+    uncertain; at 96, beyond every batch size served, it is the physical band (flat to 2x)."""
+    cost = Cost()
+    surf = CycleTimeSurface([BASE, E2, E5], min_windows=3)
+    _feed_exact(surf, "baseline", lambda b: float(cost.step_s(b, 1)), (1.0,))
+    _feed_exact(surf, "eagle2", lambda b: float(cost.step_s(b, 3)), (1.0, 48.0))
+    assert surf.support("baseline", 48.0) == "extrapolated"
+    near = surf.estimate("baseline", 48.0)
+    far = surf.estimate("baseline", 96.0)
+    assert near is not None and far is not None
+    y1 = float(cost.step_s(1.0, 1))
+    # Beyond everything served the band reaches down to flat (the one-stream level).
+    assert far.low <= y1 * 1.01
+    assert near.low > y1 * 1.1
+    assert (near.high - near.low) / near.mean < (far.high - far.low) / far.mean
