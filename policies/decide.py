@@ -1058,6 +1058,15 @@ def _decode_rate(obs: Observation) -> float | None:
     return m.sum_generated / m.sum_step_s if m.sum_generated >= 0 else None
 
 
+def _ramping(obs: Observation, batch: float | None) -> bool:
+    """Whether a window's mean batch is below the half-octave bucket of `batch` (a trial's
+    prediction batch): the server is still filling up after its restart."""
+    m = obs.moments
+    if batch is None or m is None or m.n_steps <= 0:
+        return False
+    return m.sum_bs / m.n_steps < batch / math.sqrt(2.0)
+
+
 def _trial_step(
     state: PolicyState, obs: Observation, intake: str, s: PolicySettings, diag: dict[str, Any]
 ) -> TrialOutcome:
@@ -1071,6 +1080,11 @@ def _trial_step(
     if intake == "ok" and obs.profile == tr["profile"]:
         if tr["skip"] > 0:
             tr["skip"] -= 1
+        elif decode and _ramping(obs, tr.get("batch")):
+            # Clients still reconnecting: a decode rate at a fraction of the batch the
+            # prediction is for measures something else; wait for the batch to come back.
+            tr["ramp_windows"] = int(tr.get("ramp_windows", 0)) + 1
+            diag["trial_ramp_windows"] = tr["ramp_windows"]
         else:
             rate = _decode_rate(obs) if decode else None
             if rate is not None:
@@ -1343,6 +1357,8 @@ def on_switch_done(
                 "profile": profile,
                 "from": pending["from"],
                 "kind": "decode",
+                # The batch size the prediction was made for (the traffic before the restart).
+                "batch": state.model.concurrency.estimate(),
                 "predicted": pending["predicted"],
                 "predicted_wall": pending.get("predicted_wall"),
                 "windows": [],

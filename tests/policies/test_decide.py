@@ -422,3 +422,34 @@ def test_manual_switch_is_a_trial(warm_state) -> None:  # type: ignore[no-untype
     assert cold.trial is None
     with pytest.raises(ValueError, match="unknown profile"):
         begin_manual_switch(cold, "nope", 200.0)
+
+
+def test_trial_waits_for_the_batch_to_come_back_after_the_restart() -> None:
+    """Right after a restart clients are still reconnecting: windows at a fraction of the batch
+    the prediction was made for are ramp-up, not evidence against the profile."""
+    from policies.decide import _trial_step
+    from policies.types import Estimate
+
+    dr = warmed("eagle5", n=60)
+    st = dr.state
+    syn = Synth(seed=5)
+    pred = Estimate(1000.0, 900.0, 1100.0, 10.0)
+    st.trial = {
+        "profile": st.running,
+        "from": "baseline",
+        "kind": "decode",
+        "batch": 32.0,
+        "predicted": pred.to_dict(),
+        "windows": [],
+        "skip": 0,
+        "t_s": dr.t,
+    }
+    diag: dict = {}  # type: ignore[type-arg]
+    spec = st.specs[st.running]
+    for i in range(4):
+        obs = syn.window(spec, dr.t + 10.0 * (i + 1), 4, HI, MIX)
+        _trial_step(st, obs, "ok", S, diag)
+    assert st.trial["windows"] == [] and st.trial["ramp_windows"] == 4
+    obs = syn.window(spec, dr.t + 60.0, 32, HI, MIX)
+    _trial_step(st, obs, "ok", S, diag)
+    assert len(st.trial["windows"]) == 1
