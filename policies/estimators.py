@@ -101,7 +101,7 @@ def batch_bucket(batch: float) -> int:
     return round(BUCKETS_PER_OCTAVE * math.log2(max(batch, 1.0)))
 
 
-def _decay(window_s: float, half_life_s: float) -> float:
+def decay(window_s: float, half_life_s: float) -> float:
     """Exponential forgetting factor for one window: the weight of old data halves every
     `half_life_s` seconds of observed time."""
     if half_life_s <= 0 or not math.isfinite(half_life_s):
@@ -296,7 +296,7 @@ class CycleTimeSurface:
         k = batch_bucket(mean_b)
         bucket = self.buckets[profile].get(k)
         bucket_pred = own.mean if own is not None and own.how == "bucket" else None
-        lam = _decay(window_s, self.half_life_s)
+        lam = decay(window_s, self.half_life_s)
         # Old data fades with the profile's observed time in every bucket alike.
         for bst in self.buckets[profile].values():
             bst.scale(lam)
@@ -972,7 +972,7 @@ class AcceptLength:
         if not spec.speculative or spec.num_steps < 1:
             return None
         g = max(spec.num_steps, max(spec.candidate_steps, default=0))
-        lam = _decay(obs.window_s, self.half_life_s)
+        lam = decay(obs.window_s, self.half_life_s)
         per = self.ratios[obs.profile]
         # Prequential levels (before this window): the change signal compares each workload with
         # its own level, so a window that happens to finish more requests of a high-acceptance
@@ -1281,7 +1281,7 @@ class Concurrency:
         b = self.window_batch(obs)
         if b is None:
             return None
-        lam = _decay(obs.window_s, self.half_life_s)
+        lam = decay(obs.window_s, self.half_life_s)
         self.w = self.w * lam + 1.0
         self.wb = self.wb * lam + b
         self.last_t_s = obs.t_s
@@ -1321,7 +1321,7 @@ class WorkloadMix:
         self.tokens: dict[str, float] = {}
 
     def update(self, obs: Observation) -> None:
-        lam = _decay(obs.window_s, self.half_life_s)
+        lam = decay(obs.window_s, self.half_life_s)
         for k in self.tokens:
             self.tokens[k] *= lam
         for w in obs.workloads:
@@ -1413,7 +1413,7 @@ class ThroughputModel:
         L = self.accept.update(obs)
         tok = obs.output_tok_s
         if tok is not None and math.isfinite(tok) and tok >= 0:
-            lam = _decay(obs.window_s, self.observed_half_life_s)
+            lam = decay(obs.window_s, self.observed_half_life_s)
             w, wt = self.observed.get(obs.profile, (0.0, 0.0))
             self.observed[obs.profile] = (w * lam + 1.0, wt * lam + tok)
         return WindowSignals(batch, L, ratio, step_s, tok)

@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from policies.estimators import AGGREGATE, batch_bucket
+from policies.estimators import AGGREGATE, batch_bucket, decay
 from policies.hybrid import (
     DEFAULT_BUCKETS,
     AcceptModel,
@@ -221,7 +221,7 @@ def observe(
 ) -> None:
     """One window's batch size (from decode moments or running requests) into the histogram,
     and a flip when it moved by a factor of 2 or more since the window before."""
-    lam = 0.5 ** (max(window_s, 0.0) / s.long_run_batch_half_life_s)
+    lam = decay(window_s, s.long_run_batch_half_life_s)
     lr.batch_w = {k: v * lam for k, v in lr.batch_w.items() if v * lam > 1e-3}
     if batch is None or not math.isfinite(batch) or batch < 1 or window_s <= 0:
         return
@@ -434,7 +434,7 @@ def observe_self(state: PolicyState, obs: Observation, s: PolicySettings) -> Non
     if hs is None or name not in hs.tables:
         return
     corr = hs.corr.setdefault(name, {})
-    lam = 0.5 ** (max(obs.window_s, 0.0) / s.cycle_half_life_s)
+    lam = decay(obs.window_s, s.cycle_half_life_s)
     for r in corr.values():
         r.scale(lam)  # forgotten with the profile's observed time, as its cycle statistics
     m = obs.moments

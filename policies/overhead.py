@@ -25,13 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from policies.estimators import decay
 from policies.types import Estimate, Observation
-
-
-def _decay(window_s: float, half_life_s: float) -> float:
-    if half_life_s <= 0 or not math.isfinite(half_life_s):
-        return 0.0
-    return float(0.5 ** (max(window_s, 0.0) / half_life_s))
 
 
 @dataclass
@@ -64,7 +59,7 @@ class NonDecodeTime:
             self.rejected += 1
             return None
         nd = max(obs.window_s - m.sum_step_s, 0.0)
-        lam = _decay(obs.window_s, self.half_life_s)
+        lam = decay(obs.window_s, self.half_life_s)
         self.nondecode_s = self.nondecode_s * lam + nd
         self.tokens = self.tokens * lam + tok
         return nd / tok
