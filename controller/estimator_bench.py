@@ -332,6 +332,11 @@ def unseen_case(
         row["rel_error"] = max(errs)
         row["covers"] = covers
         rows.append(row)
+    return _case_summary(sim_name, rows)
+
+
+def _case_summary(sim_name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A case's rows with their worst relative error and the share whose interval covers."""
     return {
         "sim_profile": sim_name,
         "rows": rows,
@@ -391,17 +396,7 @@ def truncation_case(
                     "rel_error": math.inf if est is None else _rel(est.mean, truth),
                 }
             )
-    return {
-        "sim_profile": sim_name,
-        "rows": rows,
-        "max_rel_error": max(r["rel_error"] for r in rows),
-        "covers_fraction": sum(r["covers"] for r in rows) / len(rows),
-    }
-
-
-def _max_rel_error(cases: Sequence[Mapping[str, Any]], within: bool) -> float | None:
-    errs = [r["rel_error"] for c in cases for r in c["rows"] if r["within_data"] == within]
-    return max(errs) if errs else None
+    return _case_summary(sim_name, rows)
 
 
 @dataclass(frozen=True)
