@@ -50,7 +50,7 @@ from controller.bench.metrics import _gain_between, _rate
 from controller.bench.oracles import (
     Measurements,
     OracleResult,
-    _grid,
+    cumulative_on_grid,
     oracle_free,
     phase_rates,
 )
@@ -437,13 +437,11 @@ def fleet_oracle_dp(
     [t_k + b R_q, t_k + (b + 1) R_q) while the others serve (rollout_rates), then the fleet is on
     q from t_k + B R_q and continues from the next grid point."""
     sc = m.scenario
-    names = list(sc.profiles)
+    names, grid, C = cumulative_on_grid(m)  # C: [P, K + 1]
     P = len(names)
-    grid = _grid(sc)
     K = len(grid) - 1
     end = sc.duration_s
     ks = np.arange(K + 1)
-    C = np.stack([np.interp(grid, *m.cumulative(p)) for p in names])  # [P, K + 1]
     n_batches = len(_rollout_batches(sc.replicas, fleet.max_unavailable()))
     batch_knots: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
     lead = np.zeros((P, P, K + 1))  # tokens from t_k until the fleet is on q (or the end)
@@ -600,9 +598,7 @@ def run_fleet_scenario(
     say(f"{scenario.name}: measuring {len(scenario.profiles)} profiles on {scenario.replicas}")
     m = fleet_measure(scenario)
     timings = {f"measure:{p}": r.wall_s for p, r in m.replays.items()}
-    sim = scenario.sim_profile()
-    catalog = scenario.catalog()
-    restart = {p: float(sim.restart_s(catalog[p].sim)) for p in scenario.profiles}
+    restart = scenario.restart_times()
     reps: dict[str, Replay] = {}
     w0 = time.perf_counter()
     dp = fleet_oracle_dp(m, restart, fs, replica_rates(scenario, fs))

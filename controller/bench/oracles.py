@@ -103,15 +103,21 @@ def oracle_free(m: Measurements) -> OracleResult:
     return OracleResult("oracle_free", rep.tokens, rep)
 
 
+def cumulative_on_grid(m: Measurements) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(profile names, the poll grid t_0..t_K, C[P, K + 1]: each profile's measured cumulative
+    tokens at the grid points): what both clairvoyant DPs plan over."""
+    names = list(m.scenario.profiles)
+    grid = _grid(m.scenario)
+    return names, grid, np.stack([np.interp(grid, *m.cumulative(p)) for p in names])
+
+
 def oracle_dp(m: Measurements, restart_s: Mapping[str, float]) -> OracleResult:
     """The clairvoyant restart-paying optimum over the poll grid (see the module docstring)."""
     sc = m.scenario
-    names = list(sc.profiles)
+    names, grid, C = cumulative_on_grid(m)  # C: [P, K + 1]
     P = len(names)
-    grid = _grid(sc)
     K = len(grid) - 1
     end = sc.duration_s
-    C = np.stack([np.interp(grid, *m.cumulative(p)) for p in names])  # [P, K + 1]
     # For a switch into q at t_k: the grid index where it resumes and the tokens until then.
     jump = np.zeros((P, K + 1), dtype=np.int64)
     lead = np.zeros((P, K + 1))

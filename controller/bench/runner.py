@@ -150,9 +150,7 @@ def run_scenario(
     say(f"{scenario.name}: measuring {len(scenario.profiles)} profiles")
     m = measure(scenario)
     timings = {f"measure:{p}": r.wall_s for p, r in m.replays.items()}
-    sim = scenario.sim_profile()
-    catalog = scenario.catalog()
-    restart = {p: float(sim.restart_s(catalog[p].sim)) for p in scenario.profiles}
+    restart = scenario.restart_times()
     reps: dict[str, Replay] = {}
     free, dp = oracle_free(m), oracle_dp(m, restart)
     reps["oracle_free"], reps["oracle_dp"] = free.replay, dp.replay

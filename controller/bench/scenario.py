@@ -272,6 +272,13 @@ class Scenario:
             return self._sim
         return load_profile(self.profile, self.profile_overrides)
 
+    def restart_times(self) -> dict[str, float]:
+        """Seconds one restart into each candidate takes on this scenario's simulator profile
+        (what the oracles pay per switch)."""
+        sim = self.sim_profile()
+        catalog = self.catalog()
+        return {p: float(sim.restart_s(catalog[p].sim)) for p in self.profiles}
+
     def catalog(self) -> dict[str, BenchProfile]:
         """The candidates plus the adaptive peer's and the hybrid peer's profiles, by name."""
         out = {n: bench_profile(n) for n in self.profiles}
