@@ -56,9 +56,13 @@ def initial_tables(settings: Settings) -> dict[str, dict[str, Any]]:
     return out
 
 
-def sync(settings: Settings, state: Any, store: Any) -> list[str]:
+def sync(
+    settings: Settings, state: Any, store: Any, on_disk: dict[Path, str] | None = None
+) -> list[str]:
     """Record the policy's new tables (events) in SQLite and write every managed profile's
-    launch table to its file when it differs. Returns the profiles whose file was written."""
+    launch table to its file when it differs. Returns the profiles whose file was written.
+    `on_disk` (the caller's, kept across ticks) remembers what each file was last written or
+    found to hold, so an unchanged table costs a stat per tick instead of a read."""
     hs = getattr(state, "hybrid", None)
     if hs is None:
         return []
@@ -73,11 +77,17 @@ def sync(settings: Settings, state: Any, store: Any) -> list[str]:
         path = settings.adaptive_table_path(name)
         text = json.dumps(t["table"]) + "\n"
         try:
-            if path.exists() and path.read_text() == text:
+            if path.exists() and (
+                (on_disk is not None and on_disk.get(path) == text) or path.read_text() == text
+            ):
+                if on_disk is not None:
+                    on_disk[path] = text
                 continue
         except OSError:
             pass
         write_atomic(path, text, mode=0o644)
+        if on_disk is not None:
+            on_disk[path] = text
         written.append(name)
         log.info("adaptive table for %s written to %s", name, path)
     return written

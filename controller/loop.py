@@ -34,6 +34,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -124,6 +125,8 @@ class Controller:
         self.last_obs: Observation | None = None
         self.last_decision: Decision | None = None
         self.predictions: list[ProfilePrediction] = []
+        # What each managed adaptive table file last held (adaptive_tables.sync).
+        self._tables_written: dict[Path, str] = {}
         self.overrides = Overrides(mode=self.mode)
         self.trial_switch_id: int | None = None  # store id of the switch whose trial runs
         self.history: deque[TickRecord] = deque(maxlen=720)
@@ -394,7 +397,7 @@ class Controller:
             )
         self._refresh_predictions()
         # Hybrid profiles: the table a launch gets is on disk before any actuation.
-        adaptive_tables.sync(self.settings, self.state, self.store)
+        adaptive_tables.sync(self.settings, self.state, self.store, self._tables_written)
 
         # A switch to the running profile restarts it only to rewrite its adaptive table.
         rewrite = bool(decision.diagnostics.get("adaptive_table_rewrite"))

@@ -94,3 +94,31 @@ def test_sync_writes_files_records_tables_and_status(tmp_path: Path) -> None:
     # A restart of the controller starts from the file it wrote.
     again = adaptive_tables.initial_tables(s)
     assert again["hybrid"]["table"] == new
+
+
+def test_sync_with_a_cache_does_not_reread_an_unchanged_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = settings_from_dict(_cfg(tmp_path, candidate_steps=[0, 1, 2]))
+    tables = adaptive_tables.initial_tables(s)
+    state = decide.initial_state(
+        s.profile_specs(), "baseline", 0.0, decide.PolicySettings(), adaptive_tables=tables
+    )
+    assert state.hybrid is not None
+    state.hybrid.tables["hybrid"]["table"] = {"1": {"candidate_steps": [2]}}
+    written: dict[Path, str] = {}
+    with Store(tmp_path / "state" / "sp.db") as store:
+        assert adaptive_tables.sync(s, state, store, written) == ["hybrid"]
+        reads: list[Path] = []
+        real = Path.read_text
+
+        def counting(self: Path, *a: object, **k: object) -> str:
+            reads.append(self)
+            return real(self, *a, **k)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Path, "read_text", counting)
+        assert adaptive_tables.sync(s, state, store, written) == []
+        assert reads == []
+        # A file removed behind its back is written again.
+        s.adaptive_table_path("hybrid").unlink()
+        assert adaptive_tables.sync(s, state, store, written) == ["hybrid"]
