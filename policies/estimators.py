@@ -670,40 +670,23 @@ class CycleTimeSurface:
         if own is None:
             return None
         t_p = own.mean
-        # beta from the baseline where it served n_p B (its bucket or between two of its own).
         base = next(
             (n for n, sp in self.specs.items() if not sp.speculative and self._points(n)), None
         )
         if base is None:
             return None  # per-sequence and verify costs are unidentified without a baseline
-        beta = beta_var = None
-        if base is not None:
-            xs, ys, ws = [], [], []
-            for b, y, v, _ in self._points(p.name):
-                ob = self._own_predict(base, np_ * b)
-                if ob is None or ob.how not in ("bucket", "interpolated"):
-                    continue
-                xs.append(b)
-                ys.append(y - ob.mean)
-                ws.append(1.0 / max(v + ob.var, _TINY))
-            if len(xs) >= 2 and max(xs) - min(xs) > MIN_BATCH_SD_FOR_SLOPE:
-                x, yv, w = np.asarray(xs), np.asarray(ys), np.asarray(ws)
-                xm = float(np.average(x, weights=w))
-                sxx = float(np.sum(w * (x - xm) ** 2))
-                beta = float(np.sum(w * (x - xm) * (yv - np.average(yv, weights=w)))) / sxx
-                resid = yv - (np.average(yv, weights=w) + beta * (x - xm))
-                # The scatter around the line says how well one slope describes it.
-                s2 = float(np.sum(w * resid**2)) / max(len(xs) - 2, 1) if len(xs) > 2 else 1.0
-                beta_var = max(s2, 1.0) / sxx
+        donor_pts = self._points(p.name)
+        fit = self._per_sequence_slope(donor_pts, base, np_)
         g_p = max(p.num_steps, 1)
         # d0 is the batch-independent part of a draft step (what grows with B is in beta): the
         # draft share bounds it where the donor's cycle is shortest, at its smallest batch.
-        t_min = min(y for _, y, _, _ in self._points(p.name))
+        t_min = min(y for _, y, _, _ in donor_pts)
         d0_max = DRAFT_SHARE_MAX * min(t_min, t_p) / g_p
         shift = (nq - np_) * d0_max / 2.0
         var = ((nq - np_) * d0_max) ** 2 / 12.0
         corr_scale = (r - 1.0) * batch / (np_ - 1)
-        if beta is not None and beta_var is not None:
+        if fit is not None:
+            beta, beta_var = fit
             shift += corr_scale * beta
             var += corr_scale**2 * beta_var
         else:
@@ -717,6 +700,32 @@ class CycleTimeSurface:
         # The donor's shape band (where r B lies between or beyond its data) moves with it.
         lo, hi = own.interval(var + floor * floor)
         return Estimate(mean, max(mean * 1e-3, lo + shift), hi + shift, 0.0)
+
+    def _per_sequence_slope(
+        self, donor_pts: Sequence[tuple[float, float, float, int]], base: str, n_p: int
+    ) -> tuple[float, float] | None:
+        """(beta, variance): the slope in B of T_p(B) - T_base(n_p B) over the donor's batch
+        buckets where the baseline served n_p B (its bucket or between two of its own), i.e.
+        what a verify of n_p tokens per sequence costs per sequence beyond n_p B decode tokens;
+        None without two such batch sizes far enough apart."""
+        xs, ys, ws = [], [], []
+        for b, y, v, _ in donor_pts:
+            ob = self._own_predict(base, n_p * b)
+            if ob is None or ob.how not in ("bucket", "interpolated"):
+                continue
+            xs.append(b)
+            ys.append(y - ob.mean)
+            ws.append(1.0 / max(v + ob.var, _TINY))
+        if len(xs) < 2 or max(xs) - min(xs) <= MIN_BATCH_SD_FOR_SLOPE:
+            return None
+        x, yv, w = np.asarray(xs), np.asarray(ys), np.asarray(ws)
+        xm = float(np.average(x, weights=w))
+        sxx = float(np.sum(w * (x - xm) ** 2))
+        beta = float(np.sum(w * (x - xm) * (yv - np.average(yv, weights=w)))) / sxx
+        resid = yv - (np.average(yv, weights=w) + beta * (x - xm))
+        # The scatter around the line says how well one slope describes it.
+        s2 = float(np.sum(w * resid**2)) / max(len(xs) - 2, 1) if len(xs) > 2 else 1.0
+        return beta, max(s2, 1.0) / sxx
 
     def _surface_predict(self, profile: str, batch: float) -> Estimate | None:
         spec = self.specs[profile]
