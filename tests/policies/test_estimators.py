@@ -326,3 +326,29 @@ def test_extrapolation_is_a_line_where_another_profile_served_that_batch_size() 
     assert far.low <= y1 * 1.01
     assert near.low > y1 * 1.1
     assert (near.high - near.low) / near.mean < (far.high - far.low) / far.mean
+
+
+def test_interpolation_follows_a_bend_between_interior_points_and_is_exact_on_a_line() -> None:
+    """Between two interior served sizes the centre is the shape-preserving cubic through all
+    of them: it follows saturating experts far closer than the chord, reproduces a straight
+    cost exactly, and on the last gap (one side only) stays the chord."""
+    served = (1.0, 4.0, 16.0, 48.0)
+    surf = CycleTimeSurface([BASE], min_windows=3)
+    _feed_exact(surf, "baseline", _saturating, served)
+    e = surf.estimate("baseline", 8.0)
+    chord = _saturating(4.0) + (_saturating(16.0) - _saturating(4.0)) * (8.0 - 4.0) / 12.0
+    truth = _saturating(8.0)
+    assert e is not None and inside(e, truth)
+    assert abs(e.mean - truth) < 0.25 * abs(chord - truth), (e.mean, chord, truth)
+    last = surf.estimate("baseline", 32.0)
+    end_chord = (_saturating(16.0) + _saturating(48.0)) / 2.0
+    assert last is not None and last.mean == pytest.approx(end_chord, rel=1e-6)
+
+    def line(b: float) -> float:
+        return 0.01 + 0.0005 * b
+
+    flat = CycleTimeSurface([BASE], min_windows=3)
+    _feed_exact(flat, "baseline", line, served)
+    for b in (2.0, 8.0, 24.0):
+        got = flat.estimate("baseline", b)
+        assert got is not None and got.mean == pytest.approx(line(b), rel=1e-6)
