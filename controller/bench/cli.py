@@ -119,7 +119,8 @@ def bench(
                 f"(known: {', '.join(known)})"
             )
             raise typer.Exit(2)
-        # A row some scenarios do not have (specpilot_hybrid in a fleet) is left out there.
+        # A row some scenarios do not have (a static:<profile> of another profile set) is left
+        # out there.
         work = []
         for sc in scenarios:
             mine = [p for p in policies if p in names[sc.name]]

@@ -40,7 +40,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -159,6 +159,7 @@ class VirtualFleet:
         profile: str,
         replay: FleetReplay,
         fleet: FleetSettings,
+        table_for: Callable[[str], Mapping[str, Any] | None] | None = None,
     ) -> None:
         self.scenario = scenario
         self.replay = replay
@@ -172,6 +173,7 @@ class VirtualFleet:
                 profile,
                 # Each replica's own record (its restarts); the fleet's is `replay`.
                 Replay(scenario.name, f"{replay.policy}/{replica_name(i)}", profile, 0.0),
+                table_for,
             )
             for i in range(self.n)
         ]
@@ -253,7 +255,15 @@ def fleet_replay(
     n = scenario.replicas
     end = scenario.duration_s
     out = FleetReplay(scenario.name, policy.name, initial, end, replicas=n)
-    fleet = VirtualFleet(scenario, catalog, scenario.sim_profile(), initial, out, fs)
+    fleet = VirtualFleet(
+        scenario,
+        catalog,
+        scenario.sim_profile(),
+        initial,
+        out,
+        fs,
+        getattr(policy, "adaptive_table", None),
+    )
     policy.start([catalog[p].spec for p in scenario.profiles], initial, 0.0)
     canary_index = list(range(n))[fs.canary_replica]
     everyone = list(range(n))
@@ -318,8 +328,11 @@ def fleet_replay(
                 last_tok_s = None
                 t = up
                 continue
-            if move == "rollout" and target is not None:
-                todo = [i for i in everyone if fleet.replicas[i].profile != target]
+            if move in ("rollout", "rewrite") and target is not None:
+                # A rewrite restarts every replica on the same profile (its new table).
+                todo = [
+                    i for i in everyone if move == "rewrite" or fleet.replicas[i].profile != target
+                ]
                 up, down = fleet.roll(t, todo, target)
                 fleet.forget(everyone)
                 policy.switch_done(target, True, down / n, up)
@@ -552,18 +565,6 @@ def fleet_false_switches(scenario: Scenario, rates: Mapping[str, np.ndarray], re
 # --------------------------------------------------------------------------------------------
 
 
-# The policies a fleet runs (rows of runner.policy_names): FleetController drives
-# policies.decide (specpilot); the peers see the same mean replica. Rows the fleet controller
-# has no counterpart for (specpilot_hybrid: no hybrid profile in a fleet) are left out.
-FLEET_POLICIES: dict[str, Callable[[], peers.BenchPolicy]] = {
-    "specpilot": peers.Specpilot,
-    "sglang_adaptive": peers.sglang_adaptive,
-    "vllm_batch_threshold": peers.BatchThreshold,
-    "greedy": peers.Greedy,
-    "ucb": peers.UCB,
-}
-
-
 def run_fleet_scenario(
     scenario: Scenario,
     policies: Sequence[str] | None = None,
@@ -575,23 +576,7 @@ def run_fleet_scenario(
     from controller.bench import runner
 
     t0 = time.perf_counter()
-    known = runner.policy_names(scenario)
-    runnable = FLEET_POLICIES
-    for w in policies or ():
-        if w not in known:
-            raise ValueError(f"unknown policy {w!r} (known: {', '.join(known)})")
-    adaptive = [n for n in known if n in runnable]
-    known = [
-        n
-        for n in known
-        if n in runnable or n in runner.ORACLES or n.startswith(("static:", "best_"))
-    ]
-    for w in policies or ():
-        if w not in known:
-            raise ValueError(
-                f"policy {w!r} is not available in a fleet scenario (available: {', '.join(known)})"
-            )
-    wanted = list(known) if policies is None else list(policies)
+    known, wanted = runner.check_policies(scenario, policies)
     say = progress or (lambda _m: None)
     fs = fleet_settings(scenario)
 
@@ -615,16 +600,18 @@ def run_fleet_scenario(
         lambda p: fleet_replay(scenario, peers.Static(p), canary=False),
     )
 
-    for name in adaptive:
+    for name in runner.ADAPTIVE:
         if name in wanted:
             say(f"{scenario.name}: {name}")
-            # specpilot switches as FleetController does (a canary first when enabled); the
-            # other policies know no canary: their switches roll straight through.
-            canary = None if name == "specpilot" else False
-            reps[name] = fleet_replay(scenario, FLEET_POLICIES[name](), canary=canary)
+            # specpilot (with or without a hybrid profile) switches as FleetController does (a
+            # canary first when enabled, a table rewrite rolling); the other policies know no
+            # canary: their switches roll straight through.
+            canary = None if name.startswith("specpilot") else False
+            policy = runner.make_policy(name, scenario)
+            reps[name] = fleet_replay(scenario, policy, canary=canary)
             timings[name] = reps[name].wall_s
 
-    rates = runner.merge_rates(scenario, m, reps, adaptive)
+    rates = runner.merge_rates(scenario, m, reps, runner.ADAPTIVE)
     rows = runner.make_rows(
         scenario,
         known,

@@ -26,14 +26,15 @@ PEERS = ("sglang_adaptive", "vllm_batch_threshold", "greedy", "ucb")
 # specpilot with a hybrid profile (an adaptive profile whose table it writes): its own row,
 # compared with specpilot and sglang_adaptive (issue 10), not one of specpilot's targets.
 HYBRID = "specpilot_hybrid"
+# The rows that replay a policy (the others are measured or computed).
+ADAPTIVE = ("specpilot", HYBRID, *PEERS)
 
 
 def policy_names(scenario: Scenario) -> list[str]:
-    """Every row name this scenario has, in report order (a fleet has no hybrid profile, so no
-    specpilot_hybrid row)."""
+    """Every row name this scenario has, in report order."""
     return [
         "specpilot",
-        *([HYBRID] if scenario.replicas <= 1 else []),
+        HYBRID,
         *ORACLES,
         "best_static",
         *(f"static:{p}" for p in scenario.profiles),
@@ -41,7 +42,8 @@ def policy_names(scenario: Scenario) -> list[str]:
     ]
 
 
-def _make(name: str, scenario: Scenario) -> peers.BenchPolicy:
+def make_policy(name: str, scenario: Scenario) -> peers.BenchPolicy:
+    """A fresh policy of row `name` for `scenario` (one server or a fleet)."""
     factories: dict[str, Callable[[], peers.BenchPolicy]] = {
         "specpilot": peers.Specpilot,
         HYBRID: lambda: peers.SpecpilotHybrid(scenario.max_running_requests),
@@ -99,6 +101,19 @@ def merge_rates(
     return rates
 
 
+def check_policies(
+    scenario: Scenario, policies: Sequence[str] | None
+) -> tuple[list[str], list[str]]:
+    """(every row name of `scenario`, the rows asked for: all by default); ValueError naming
+    an unknown one."""
+    known = policy_names(scenario)
+    wanted = list(known) if policies is None else list(policies)
+    for w in wanted:
+        if w not in known:
+            raise ValueError(f"unknown policy {w!r} (known: {', '.join(known)})")
+    return known, wanted
+
+
 def make_rows(
     scenario: Scenario,
     known: Sequence[str],
@@ -140,11 +155,7 @@ def run_scenario(
 
         return run_fleet_scenario(scenario, policies, progress=progress)
     t0 = time.perf_counter()
-    known = policy_names(scenario)
-    wanted = list(known) if policies is None else list(policies)
-    for w in wanted:
-        if w not in known:
-            raise ValueError(f"unknown policy {w!r} (known: {', '.join(known)})")
+    known, wanted = check_policies(scenario, policies)
     say = progress or (lambda _m: None)
 
     say(f"{scenario.name}: measuring {len(scenario.profiles)} profiles")
@@ -157,13 +168,13 @@ def run_scenario(
 
     add_statics(scenario, m, reps, timings, say, lambda p: replay(scenario, peers.Static(p)))
 
-    for name in ("specpilot", HYBRID, *PEERS):
+    for name in ADAPTIVE:
         if name in wanted:
             say(f"{scenario.name}: {name}")
-            reps[name] = replay(scenario, _make(name, scenario))
+            reps[name] = replay(scenario, make_policy(name, scenario))
             timings[name] = reps[name].wall_s
 
-    rates = merge_rates(scenario, m, reps, (*PEERS, HYBRID))
+    rates = merge_rates(scenario, m, reps, ADAPTIVE)
     rows = make_rows(scenario, known, wanted, reps, rates, dp.tokens)
     return ScenarioResult(
         scenario=scenario,

@@ -286,11 +286,13 @@ class FleetActuator:
     # ------------------------------------------------------------------ switches
 
     async def rolling_switch(
-        self, profile: str, targets: Sequence[Replica] | None = None
+        self, profile: str, targets: Sequence[Replica] | None = None, *, every: bool = False
     ) -> SwitchResult:
         """Switch `targets` (default: every replica) to `profile`, at most max_unavailable()
-        out of the router at once; stops at the first replica that fails. `downtime_s` is the
-        fleet's lost capacity in server seconds (sum of replica downtimes / replicas)."""
+        out of the router at once; stops at the first replica that fails. Replicas already on
+        `profile` are skipped unless `every` (a rewritten adaptive table: each restarts to read
+        it). `downtime_s` is the fleet's lost capacity in server seconds (sum of replica
+        downtimes / replicas)."""
         check_profile(profile, self.settings.profiles)
         t0 = self.clock.monotonic()
         if not await self.wait_router():
@@ -308,7 +310,7 @@ class FleetActuator:
             )
         async with self._lock:
             await self.probe()
-            todo = [r for r in (targets or self.replicas) if r.profile != profile]
+            todo = [r for r in (targets or self.replicas) if every or r.profile != profile]
             froms = Counter(r.profile for r in todo)
             from_profile = froms.most_common(1)[0][0] if froms else profile
             cycles: list[ReplicaCycle] = []

@@ -18,10 +18,12 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from controller import adaptive_tables
 from controller.actuators.base import SwitchOutcome, SwitchResult
 from controller.clock import Clock
 from controller.fleet.actuator import FleetActuator
@@ -84,17 +86,27 @@ def plan_move(
     mode: Mode,
 ) -> tuple[str, str | None, str]:
     """What the fleet does with one decision (pure; the bench's fleet replay uses it too):
-    ("hold", None, why), ("canary", target, why) or ("rollout", target, why). A candidate whose
-    canary was rolled back is not tried again for canary.retry_after_s (an operator's forced
-    canary is); advisory mode never acts; canaries need at least two replicas."""
+    ("hold", None, why), ("canary", target, why), ("rollout", target, why) or ("rewrite",
+    running, why). A candidate whose canary was rolled back is not tried again for
+    canary.retry_after_s (an operator's forced canary is); advisory mode never acts; canaries
+    need at least two replicas. A switch to the running adaptive profile that rewrites its
+    table (policies.hybrid_decide judged that the restart repays) restarts every replica on
+    the same profile, rolling, with no canary: a canary compares two profiles' windows, and
+    the new table is the same profile's."""
     target = forced or (d.profile if d.action is Action.SWITCH else None)
-    if target is None or target == running:
+    rewrite = (
+        forced is None and target == running and bool(d.diagnostics.get("adaptive_table_rewrite"))
+    )
+    if target is None or (target == running and not rewrite):
         return "hold", None, d.reason.value
+    if mode is Mode.ADVISORY:
+        what = f"rewrite {target}'s adaptive table" if rewrite else f"try {target}"
+        return "hold", None, f"advisory: would {what} ({d.reason.value})"
+    if rewrite:
+        return "rewrite", target, d.reason.value
     since = rejected.get(target)
     if forced is None and since is not None and now_s - since < fleet.canary.retry_after_s:
         return "hold", None, f"{target}'s canary was rolled back {now_s - since:.0f} s ago"
-    if mode is Mode.ADVISORY:
-        return "hold", None, f"advisory: would try {target} ({d.reason.value})"
     if fleet.canary.enabled and replicas >= 2:
         return "canary", target, d.reason.value
     return "rollout", target, d.reason.value
@@ -128,6 +140,8 @@ class FleetController:
         self.last: dict[str, ReplicaObservation] = {}
         self.busy = False  # a switch is in flight (ticks observe only)
         self._on_tick: list[Callable[[FleetController], None]] = []
+        # What each managed adaptive table file last held (adaptive_tables.sync).
+        self._tables_written: dict[Path, str] = {}
         self._forced: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -146,7 +160,13 @@ class FleetController:
         if not result.ok:
             raise RuntimeError(f"fleet could not start {first}: {result.error}")
         self.running = first
-        self.state = policy.initial_state(self.specs, first, self.clock.now(), self.psettings)
+        self.state = policy.initial_state(
+            self.specs,
+            first,
+            self.clock.now(),
+            self.psettings,
+            adaptive_tables=adaptive_tables.initial_tables(self.settings),
+        )
         log.info(
             "fleet up: %d replicas on %s behind %s",
             len(self.actuator.replicas),
@@ -209,6 +229,8 @@ class FleetController:
             self.state, obs if not failed else None, now, self.psettings, self.overrides
         )
         self.record.decisions.append(d)
+        # The deployment's adaptive tables (one file per profile, every replica launches it).
+        adaptive_tables.sync(self.settings, self.state, None, self._tables_written)
         move, target, why = plan_move(
             d,
             self.running,
@@ -223,6 +245,8 @@ class FleetController:
             return await self._start_canary(target, now, d.reason if forced is None else None)
         if move == "rollout" and target is not None:
             return await self._rollout(target, d.reason if forced is None else Reason.SWITCH_MANUAL)
+        if move == "rewrite" and target is not None:
+            return await self._rollout(target, d.reason, every=True)
         return "hold", why
 
     async def _start_canary(
@@ -281,11 +305,15 @@ class FleetController:
         _, detail = await self._rollout(trial.candidate, Reason.SWITCH_PREDICTED_GAIN)
         return "promote", f"canary {trial.candidate} promoted ({v.summary()}); {detail}"
 
-    async def _rollout(self, target: str, reason: Reason) -> tuple[str, str]:
+    async def _rollout(
+        self, target: str, reason: Reason, *, every: bool = False
+    ) -> tuple[str, str]:
+        """Every replica onto `target`, rolling (`every`: those already on it restart too: a
+        rewritten adaptive table is read at launch)."""
         assert self.state is not None
         self.busy = True
         try:
-            res = await self.actuator.rolling_switch(target)
+            res = await self.actuator.rolling_switch(target, every=every)
         finally:
             self.busy = False
         for r in self.actuator.replicas:
@@ -321,6 +349,7 @@ class FleetController:
                 for r in self.actuator.replicas
             ],
             "canary": self.canary.view() if self.canary else None,
+            "adaptive_tables": adaptive_tables.status_view(self.state),
             "canaries": [
                 {
                     "candidate": c.candidate,

@@ -97,25 +97,29 @@ def test_policy_filter_and_hours_scale(tmp_path: Path) -> None:
 
 
 def test_a_row_only_some_scenarios_have_is_left_out_where_missing(tmp_path: Path) -> None:
-    """specpilot_hybrid has no fleet counterpart: asked for with a fleet scenario it runs where
-    it exists and is named as left out elsewhere, instead of failing the whole run."""
+    """A static row of a profile one scenario does not have: asked for with both, it runs where
+    it exists and is named as left out elsewhere, instead of failing the whole run; a fleet
+    has every policy row, specpilot_hybrid included."""
     single = tmp_path / "e2e.toml"
     single.write_text(SHORT.replace("duration_s = 1200", "duration_s = 300"))
     fleet = tmp_path / "fleet.toml"
     fleet.write_text(
-        SHORT.replace('name = "e2e"', 'name = "e2e-fleet"\nreplicas = 2').replace(
-            "duration_s = 1200", "duration_s = 300"
-        )
+        SHORT.replace(
+            'name = "e2e"',
+            'name = "e2e-fleet"\nreplicas = 2\nprofiles = ["baseline", "eagle3-2step"]',
+        ).replace("duration_s = 1200", "duration_s = 300")
     )
     out = tmp_path / "b.json"
     args = ["-s", str(single), "-s", str(fleet), "--json", str(out)]
-    r = runner.invoke(app, [*args, "-p", "specpilot_hybrid", "-p", "specpilot"])
+    r = runner.invoke(
+        app, [*args, "-p", "specpilot_hybrid", "-p", "static:eagle3-5step", "-p", "specpilot"]
+    )
     assert r.exit_code == 0, r.output
     rows = {(row["scenario"], row["policy"]) for row in json.loads(out.read_text())}
-    assert ("e2e", "specpilot_hybrid") in rows and ("e2e", "specpilot") in rows
-    assert ("e2e-fleet", "specpilot") in rows
-    assert ("e2e-fleet", "specpilot_hybrid") not in rows
-    assert "e2e-fleet has no 'specpilot_hybrid' row; left out there" in r.output
+    assert ("e2e", "specpilot_hybrid") in rows and ("e2e", "static:eagle3-5step") in rows
+    assert ("e2e-fleet", "specpilot") in rows and ("e2e-fleet", "specpilot_hybrid") in rows
+    assert ("e2e-fleet", "static:eagle3-5step") not in rows
+    assert "e2e-fleet has no 'static:eagle3-5step' row; left out there" in r.output
 
 
 def test_errors_are_friendly(tmp_path: Path) -> None:

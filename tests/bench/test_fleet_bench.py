@@ -21,9 +21,16 @@ from controller.bench.oracles import Measurements, phase_rates
 from controller.bench.peers import Specpilot, Static
 from controller.bench.report import json_rows, plot_scenario, print_results
 from controller.bench.runner import ScenarioResult, run_scenario
-from controller.bench.scenario import Scenario, ScenarioError, bench_profile, load_scenario
+from controller.bench.scenario import (
+    HYBRID_PROFILE,
+    Scenario,
+    ScenarioError,
+    bench_profile,
+    load_scenario,
+)
 from controller.bench.scenario import scenario_from_dict as from_dict
-from policies.types import Action, Decision, Observation, ProfileSpec, Reason
+from controller.fleet.controller import plan_move
+from policies.types import Action, Decision, Mode, Observation, ProfileSpec, Reason
 from tests.bench.conftest import make_scenario
 
 
@@ -435,8 +442,10 @@ def test_fleet_rows_have_the_json_keys_and_every_policy(fleet_result: ScenarioRe
     rows = json_rows([fleet_result])
     assert rows and all(tuple(r) == JSON_KEYS for r in rows)
     names = [r["policy"] for r in rows]
-    assert names[:4] == ["specpilot", "oracle_dp", "oracle_free", "best_static"]
-    assert {"sglang_adaptive", "vllm_batch_threshold", "greedy", "ucb"} <= set(names)
+    assert names[:5] == ["specpilot", "specpilot_hybrid", "oracle_dp", "oracle_free", "best_static"]
+    assert {"specpilot_hybrid", "sglang_adaptive", "vllm_batch_threshold", "greedy", "ucb"} <= set(
+        names
+    )
     by = {r["policy"]: r for r in rows}
     assert by["oracle_dp"]["ratio_oracle_dp"] == 1.0
     assert all(isinstance(r["false_switches"], int) for r in rows)
@@ -457,9 +466,92 @@ def test_report_shows_the_fleet(fleet_result: ScenarioResult, tmp_path: Path) ->
     assert png.stat().st_size > 10_000
 
 
-def test_unavailable_rows_are_refused_in_a_fleet() -> None:
-    with pytest.raises(ValueError, match=r"not available in a fleet|unknown policy"):
-        fb.run_fleet_scenario(fleet_scenario(), ["specpilot_hybrid"])
+def test_unknown_rows_are_refused_in_a_fleet() -> None:
+    with pytest.raises(ValueError, match=r"unknown policy 'nope'"):
+        fb.run_fleet_scenario(fleet_scenario(), ["nope"])
+
+
+def _rewrite(running: str, **diag: Any) -> Decision:
+    return Decision(0.0, Action.SWITCH, running, Reason.SWITCH_PREDICTED_GAIN, diag)
+
+
+def test_a_table_rewrite_restarts_every_replica_without_a_canary() -> None:
+    """A switch to the running adaptive profile that rewrites its table rolls every replica on
+    the same profile (a canary compares two profiles; the table is the same profile's); with
+    no rewrite flag it is nothing; advisory mode says what it would do."""
+    fs = fb.fleet_settings(fleet_scenario())
+    assert fs.canary.enabled
+    hyb = "eagle3-hybrid"
+    d = _rewrite(hyb, adaptive_table_rewrite=True)
+    assert plan_move(d, hyb, None, {}, 0.0, fs, 3, Mode.ACTIVE) == ("rewrite", hyb, d.reason.value)
+    move, target, why = plan_move(d, hyb, None, {}, 0.0, fs, 3, Mode.ADVISORY)
+    assert (move, target) == ("hold", None) and "rewrite eagle3-hybrid's adaptive table" in why
+    assert plan_move(_rewrite(hyb), hyb, None, {}, 0.0, fs, 3, Mode.ACTIVE)[0] == "hold"
+    # An operator's forced canary of the running profile is nothing to do either.
+    assert plan_move(d, hyb, hyb, {}, 0.0, fs, 3, Mode.ACTIVE)[0] == "hold"
+
+
+class _Tables:
+    """Switches to the hybrid profile, then asks (once) for its table to be rewritten; the
+    table it holds for a launch moves from `first` to `second` at the rewrite."""
+
+    name = "tables"
+
+    def __init__(self) -> None:
+        self.second = {"1": {"candidate_steps": [0, 3]}, "8": {"candidate_steps": [0, 1]}}
+        self.table: dict[str, Any] = {"1": {"candidate_steps": [0, 1, 3]}}
+        self.rewrite_at: float | None = None
+
+    def start(self, profiles: Sequence[ProfileSpec], running: str, now_s: float) -> None:
+        pass
+
+    def adaptive_table(self, profile: str) -> dict[str, Any] | None:
+        return self.table if profile == HYBRID_PROFILE else None
+
+    def tick(self, obs: Observation, now_s: float) -> Decision:
+        if obs.profile != HYBRID_PROFILE:
+            return Decision(now_s, Action.SWITCH, HYBRID_PROFILE, Reason.EXPLORE, {})
+        if self.rewrite_at is None and now_s >= 600.0:
+            self.rewrite_at, self.table = now_s, self.second
+            diag = {"adaptive_table_rewrite": True}
+            return Decision(
+                now_s, Action.SWITCH, HYBRID_PROFILE, Reason.SWITCH_PREDICTED_GAIN, diag
+            )
+        return Decision(now_s, Action.HOLD, obs.profile, Reason.HOLD_BEST, {})
+
+    def switch_done(self, profile: str, ok: bool, downtime_s: float, now_s: float) -> None:
+        pass
+
+
+def test_a_fleet_launches_the_hybrid_on_its_table_and_rolls_a_rewrite() -> None:
+    """Every replica of the hybrid profile launches with the table the policy holds for it; a
+    rewrite is one rolling restart of all of them onto the new table, the others serving."""
+    sc = fleet_scenario(
+        phases=[{"duration_s": 3600, "concurrency": 3, "workloads": {"chat": 1.0}}],
+    )
+    pol = _Tables()
+    fleet_seen: list[fb.VirtualFleet] = []
+    real_init = fb.VirtualFleet.__init__
+
+    def init(self: fb.VirtualFleet, *a: Any, **k: Any) -> None:
+        real_init(self, *a, **k)
+        fleet_seen.append(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fb.VirtualFleet, "__init__", init)
+        rep = fb.fleet_replay(sc, pol, canary=False)
+    (fleet,) = fleet_seen
+    to_hybrid, rewrite = rep.switches
+    assert to_hybrid.to_profile == HYBRID_PROFILE and to_hybrid.from_profile == "baseline"
+    assert (rewrite.from_profile, rewrite.to_profile) == (HYBRID_PROFILE, HYBRID_PROFILE)
+    assert rewrite.t_s == pol.rewrite_at
+    restart = fleet.replicas[0].restart_s(HYBRID_PROFILE)
+    assert rewrite.up_s == pytest.approx(rewrite.t_s + 3 * restart)  # one at a time
+    assert all(r.spec.adaptive_config == pol.second for r in fleet.replicas)
+    # Each replica launched three times: at 0 (baseline), onto the hybrid, for the rewrite.
+    assert [sum(r._starts.values()) for r in fleet.replicas] == [3, 3, 3]
+    # While one replica restarted the other two served.
+    assert all(s.tokens > 0 for s in rep.segments if rewrite.t_s <= s.t0 < rewrite.up_s)
 
 
 def test_fleet_false_switch_rules() -> None:

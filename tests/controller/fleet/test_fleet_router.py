@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -26,11 +27,13 @@ import pytest
 pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip extra 'fleet')")
 
 from controller.clock import ScaledClock
+from controller.fleet import controller as fleet_controller
 from controller.fleet.actuator import FleetActuator
 from controller.fleet.controller import FleetController
 from controller.fleet.demo import fleet_sim_settings
 from controller.fleet.router import RouterClient, free_port, router_argv
 from controller.fleet.settings import RouterSettings
+from policies.types import Action, Decision, Reason
 from simulator.load import LoadGenerator
 
 SPEED = 100.0
@@ -273,3 +276,86 @@ async def test_a_crashed_replica_is_restarted_and_registered(tmp_path: Path) -> 
             assert await ctl.actuator.alive()
         finally:
             await ctl.shutdown()
+
+
+HYBRID = {
+    "kind": "adaptive",
+    "candidate_steps": [0, 1, 3],
+    "flags": [
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        "lightseekorg/kimi-k2.5-eagle3",
+        "--speculative-num-steps",
+        "1",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "2",
+        "--speculative-adaptive",
+    ],
+}
+
+
+async def test_a_rewritten_adaptive_table_restarts_every_replica_on_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deployment's hybrid profile: every replica launches with the table file specpilot
+    writes, and a decision that rewrites the table rolls all of them (one at a time, the
+    router's retries off, no failed request) onto the new file; the status shows the table."""
+    settings, fleet = _settings(
+        tmp_path,
+        2,
+        profiles={"baseline": {"flags": []}, "hybrid": HYBRID},
+        router_extra_args=["--disable-retries"],
+        fleet_overrides={"canary": {"enabled": False}},
+    )
+    new_table = {"1": {"candidate_steps": [0, 3]}, "16": {"candidate_steps": [0, 1]}}
+    script = iter(["hybrid", "rewrite"])
+
+    def decide(state: Any, obs: Any, now: float, *_a: Any) -> tuple[Any, Decision]:
+        step = next(script, None)
+        if step == "hybrid" and state.running != "hybrid":
+            return state, Decision(now, Action.SWITCH, "hybrid", Reason.EXPLORE, {})
+        if step == "rewrite":
+            state.hybrid.tables["hybrid"]["table"] = new_table
+            diag = {"adaptive_table_rewrite": True}
+            return state, Decision(now, Action.SWITCH, "hybrid", Reason.SWITCH_PREDICTED_GAIN, diag)
+        return state, Decision(now, Action.HOLD, state.running, Reason.HOLD_BEST, {})
+
+    clock = ScaledClock(SPEED)
+    path = settings.adaptive_table_path("hybrid")
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+        ctl = FleetController(settings, fleet, clock=clock, client=client)
+        monkeypatch.setattr(fleet_controller.policy, "decide", decide)
+        try:
+            await ctl.startup()
+            load = LoadGenerator(fleet.router.base_url, concurrency=4, mix={"chat": 1.0})
+            task = asyncio.create_task(load.run())
+            deadline = time.monotonic() + 60
+            while ctl.running != "hybrid" and time.monotonic() < deadline:
+                await ctl.tick()
+            assert ctl.running == "hybrid"
+            seed = json.loads(path.read_text())
+            assert seed != new_table
+            pids = [r.actuator._child_pid() for r in ctl.actuator.replicas]
+            before = len(ctl.actuator.log.cycles)
+            while len(ctl.actuator.log.cycles) < before + 2 and time.monotonic() < deadline:
+                await ctl.tick()
+            await load.stop()
+            stats = await task
+            status = ctl.status()
+            after = [r.actuator._child_pid() for r in ctl.actuator.replicas]
+        finally:
+            await ctl.shutdown()
+    assert json.loads(path.read_text()) == new_table
+    rewrite = ctl.actuator.log.cycles[before:]
+    assert [(c.from_profile, c.to_profile, c.outcome) for c in rewrite] == [
+        ("hybrid", "hybrid", "ok")
+    ] * 2
+    assert all(p is not None for p in pids + after)
+    assert all(a != b for a, b in zip(pids, after, strict=True)), "each replica restarted"
+    assert [r.profile for r in ctl.actuator.replicas] == ["hybrid"] * 2
+    assert ctl.record.switches[-1].ok
+    assert stats.failed == 0, stats.last_error
+    assert status["adaptive_tables"]["hybrid"]["table"] == new_table
