@@ -35,6 +35,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` distinct ports nothing listens on now: each stays bound until all are picked, so the
+    OS cannot hand one out twice (n calls of free_port can)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
 PATH_READY = "/ready"
 PATH_HEALTH_GENERATE = "/health_generate"
 PATH_PAUSE_GENERATION = "/pause_generation"

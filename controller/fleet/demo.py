@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from controller.actuators.endpoint import free_port
+from controller.actuators.endpoint import free_ports
 from controller.clock import ScaledClock
 from controller.demo_server import SIM_PROFILE, demo_profiles, sim_common_flags
 from controller.fleet.controller import FleetController
@@ -52,7 +52,8 @@ def fleet_sim_settings(
     flags = sim_common_flags(speed)
     if restart_s is not None:
         flags += ["--sim-override", f"restart_s={restart_s:g}"]
-    ports = [free_port() for _ in range(replicas)]
+    # Replica ports and the router's, distinct (picked at once: see free_ports).
+    *ports, router_port = free_ports(replicas + 1)
     settings = settings_from_dict(
         {
             "controller": {
@@ -88,7 +89,7 @@ def fleet_sim_settings(
     if router_url:
         router["url"] = router_url
     else:
-        router["port"] = free_port()
+        router["port"] = router_port
     fleet = FleetSettings.model_validate(
         {"replicas": replicas, "ports": ports, "router": router, **(fleet_overrides or {})}
     )

@@ -165,3 +165,16 @@ async def test_wait_ready_objections_and_deadline() -> None:
 
     wait = await ep.wait_ready(clock.monotonic() + 10.0, gone, lambda info: None)
     assert wait.status == "exited" and wait.detail == "exited with status 1"
+
+
+def test_free_ports_are_distinct_and_free() -> None:
+    """The fleet demo's replica and router ports: n calls of free_port could repeat one."""
+    import socket
+
+    from controller.actuators.endpoint import free_ports
+
+    ports = free_ports(16)
+    assert len(set(ports)) == 16
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))  # nothing holds it any more
