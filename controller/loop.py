@@ -46,6 +46,7 @@ from controller.metrics import ControllerMetrics
 from controller.observe import ObserveError, scrape
 from controller.settings import Settings, policy_settings
 from policies import decide as policy
+from policies.hybrid_decide import rewrites_table
 from policies.observation import diff
 from policies.types import (
     Action,
@@ -400,7 +401,7 @@ class Controller:
         adaptive_tables.sync(self.settings, self.state, self.store, self._tables_written)
 
         # A switch to the running profile restarts it only to rewrite its adaptive table.
-        rewrite = bool(decision.diagnostics.get("adaptive_table_rewrite"))
+        rewrite = rewrites_table(decision)
         if decision.action is Action.SWITCH and (decision.profile != self.running or rewrite):
             decision = await self._act(decision, now)
         else:

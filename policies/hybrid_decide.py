@@ -78,6 +78,9 @@ if TYPE_CHECKING:
 DEFAULT_CANDIDATES = (0, 1, 3, 5, 7)
 # Table events kept for the shell (it drains them every tick).
 MAX_EVENTS = 20
+# The diagnostics key of a switch to the running adaptive profile that restarts it only to
+# rewrite its table (read through rewrites_table).
+REWRITE_KEY = "adaptive_table_rewrite"
 # A bucket of the batch-size histogram counts as a regime of its own from this share of the
 # observed time: below it, the traffic is one regime with noise and decide's own rule applies.
 MIN_REGIME_SHARE = 0.1
@@ -981,6 +984,12 @@ def _now_prediction(
     return None if pr is None else pr.tok_s
 
 
+def rewrites_table(d: Decision) -> bool:
+    """Whether `d` restarts the running adaptive profile to launch it with a rewritten table
+    (every replica of it, in a fleet), rather than switching profiles."""
+    return bool(d.diagnostics.get(REWRITE_KEY))
+
+
 def _rewrite(
     state: PolicyState,
     now_s: float,
@@ -1006,6 +1015,6 @@ def _rewrite(
     )
     del hs.events[:-MAX_EVENTS]
     state.long_run.cache = None
-    diag["adaptive_table_rewrite"] = True
+    diag[REWRITE_KEY] = True
     wall = wall_estimate(predicted, state.overhead.per_token_s()) if predicted else None
     return _switch(now_s, state, state.running, Reason.SWITCH_PREDICTED_GAIN, diag, predicted, wall)

@@ -28,6 +28,7 @@ import numpy as np
 from controller.bench.counters import ServerCounters
 from controller.bench.peers import BenchPolicy
 from controller.bench.scenario import BenchProfile, Scenario
+from policies.hybrid_decide import rewrites_table
 from policies.observation import diff
 from policies.types import Action, Decision, Reason, Snapshot
 from simulator.engine import WindowEngine
@@ -260,7 +261,7 @@ def replay(
             d = policy.tick(obs, t)
         out.ticks.append(Tick(t, server.profile, last_tok_s, d.action, d.profile, d.reason))
         # A switch to the running profile restarts it only to rewrite its adaptive table.
-        rewrite = bool(d.diagnostics.get("adaptive_table_rewrite"))
+        rewrite = rewrites_table(d)
         if d.action is Action.SWITCH and (d.profile != server.profile or rewrite):
             if d.profile not in catalog:
                 raise ValueError(f"policy {policy.name} asked for unknown profile {d.profile!r}")

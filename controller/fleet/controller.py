@@ -33,6 +33,7 @@ from controller.fleet.settings import FleetSettings
 from controller.settings import Settings, policy_settings
 from policies import decide as policy
 from policies.canary import CanaryVerdict, Verdict
+from policies.hybrid_decide import rewrites_table
 from policies.types import Action, Decision, Mode, Observation, Overrides, Reason
 
 log = logging.getLogger("specpilot.fleet")
@@ -94,9 +95,7 @@ def plan_move(
     the same profile, rolling, with no canary: a canary compares two profiles' windows, and
     the new table is the same profile's."""
     target = forced or (d.profile if d.action is Action.SWITCH else None)
-    rewrite = (
-        forced is None and target == running and bool(d.diagnostics.get("adaptive_table_rewrite"))
-    )
+    rewrite = forced is None and target == running and rewrites_table(d)
     if target is None or (target == running and not rewrite):
         return "hold", None, d.reason.value
     if mode is Mode.ADVISORY:
