@@ -606,7 +606,7 @@ def run_fleet_scenario(
             # specpilot (with or without a hybrid profile) switches as FleetController does (a
             # canary first when enabled, a table rewrite rolling); the other policies know no
             # canary: their switches roll straight through.
-            canary = None if name.startswith("specpilot") else False
+            canary = None if name in ("specpilot", runner.HYBRID) else False
             policy = runner.make_policy(name, scenario)
             reps[name] = fleet_replay(scenario, policy, canary=canary)
             timings[name] = reps[name].wall_s
