@@ -30,9 +30,7 @@ log = logging.getLogger(__name__)
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now (the OS picks it; a race with another binder is possible,
     which is why launches still check that their port came up)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_ports(1, host)[0]
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
