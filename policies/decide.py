@@ -101,7 +101,8 @@ class PolicySettings:
     min_dwell_s: float = 300.0
     # Automatic restarts (predicted gain + exploration) allowed per rolling hour: each costs
     # minutes of zero output, 3 bound the worst-case loss to ~15% of an hour at 3-minute restarts.
-    # Pins and rollbacks are never refused by the budget, but they count against it.
+    # Pins and rollbacks are never refused by the budget, but they count against it. An
+    # exploration needs room for two (there and, most likely, back: budget_exhausted).
     restart_budget_per_hour: int = 3
     # A -> B -> A inside this horizon (no change point in between) is refused: the second switch
     # undoes the first before it could have paid for its restart.
@@ -747,6 +748,17 @@ def _restarts_last_hour(state: PolicyState, now_s: float) -> int:
     return sum(1 for sw in state.switches if now_s - float(sw["t_s"]) < 3600.0)
 
 
+def budget_exhausted(
+    state: PolicyState, now_s: float, s: PolicySettings, *, round_trip: bool = False
+) -> bool:
+    """Whether the restart budget refuses an automatic restart now. An exploration is a round
+    trip (`round_trip`): the run it buys is most likely followed by a restart back, so it needs
+    room for both, or a disappointing profile would hold the server until the hour frees a
+    restart (with a budget of one, every restart is a one-way trip and needs room for one)."""
+    need = min(2, s.restart_budget_per_hour) if round_trip else 1
+    return _restarts_last_hour(state, now_s) + need > s.restart_budget_per_hour
+
+
 def _record_switch(
     state: PolicyState,
     now_s: float,
@@ -1157,7 +1169,7 @@ def _choose(
             if net > 0 and not young:
                 if _is_flap(state, name, now_s, s):
                     return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
-                if _restarts_last_hour(state, now_s) >= s.restart_budget_per_hour:
+                if budget_exhausted(state, now_s, s):
                     return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
                 target, target_decode = preds[name].tok_s, decode[name].tok_s
                 assert target is not None and target_decode is not None
@@ -1185,7 +1197,7 @@ def _choose(
         diag["explore_horizon_s"] = h_explore
         pick = _exploration(state, preds, cur, h_explore, age, blocked_profiles, now_s, s, diag)
         if pick is not None:
-            if _restarts_last_hour(state, now_s) >= s.restart_budget_per_hour:
+            if budget_exhausted(state, now_s, s, round_trip=True):
                 return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
             return _switch(now_s, state, pick, Reason.EXPLORE, diag)
 

@@ -849,7 +849,7 @@ def long_run(
             full=lr_h >= s.long_run_horizon_s,
         )
         if pick is not None:
-            if D._restarts_last_hour(state, now_s) >= s.restart_budget_per_hour:
+            if D.budget_exhausted(state, now_s, s, round_trip=True):
                 return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
             return _switch(now_s, state, pick, Reason.EXPLORE, diag)
     options: list[tuple[float, str, bool]] = []
@@ -885,7 +885,7 @@ def long_run(
     if options:
         net, name, is_rewrite = max(options)
         diag["long_run_net_tokens"] = net
-        if D._restarts_last_hour(state, now_s) >= s.restart_budget_per_hour:
+        if D.budget_exhausted(state, now_s, s):
             return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
         b = state.model.concurrency.estimate()
         if is_rewrite:

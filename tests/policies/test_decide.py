@@ -9,6 +9,7 @@ from policies.decide import (
     PolicySettings,
     PolicyState,
     _restart,
+    budget_exhausted,
     decide,
     initial_state,
     on_switch_done,
@@ -189,6 +190,27 @@ def test_trial_failure_rolls_back() -> None:
     reasons = [d.reason for d in dr.switches()]
     assert Reason.SWITCH_PREDICTED_GAIN in reasons
     assert reasons[reasons.index(Reason.SWITCH_PREDICTED_GAIN) + 1] is Reason.ROLLBACK_TRIAL_FAILED
+
+
+@pytest.mark.parametrize("spent", [1, 2])
+def test_an_exploration_needs_room_in_the_budget_for_the_way_back(spent: int) -> None:
+    """The exploration from baseline (test above) with restarts already spent this hour: with
+    one, two are left (there and back) and it goes; with two, only one is left: going would
+    leave no restart to return from a disappointing run, so it waits (HOLD_BUDGET) while a
+    switch on a prediction would still be allowed that one."""
+    dr = Driver("baseline", seed=3)
+    dr.state.switches += [
+        {"t_s": -10.0 * i, "from": "x", "to": "y", "reason": "explore"} for i in range(spent)
+    ]
+    dr.run(120, 8, HI, MIX)  # 20 minutes: nothing spent ages out of the hour
+    sw = [(d.reason, d.profile) for d in dr.switches()]
+    if spent == 1:
+        assert sw == [(Reason.EXPLORE, "eagle5")]
+    else:
+        assert sw == []
+        assert dr.decisions[-1].reason is Reason.HOLD_BUDGET
+        assert not budget_exhausted(dr.state, dr.t, S)
+        assert budget_exhausted(dr.state, dr.t, S, round_trip=True)
 
 
 def test_budget_and_no_flap(warm_state) -> None:  # type: ignore[no-untyped-def]
