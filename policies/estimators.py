@@ -672,14 +672,18 @@ class CycleTimeSurface:
     def token_bounds(self, profile: str, batch: float) -> tuple[float, float]:
         """(low, high) that other profiles' served forwards put on `profile`'s cycle at `batch`
         (0 and inf where none speaks). A forward's cost never falls when it carries more
-        sequences or more tokens, and its cost per token never rises with more tokens (fixed
-        costs amortise; at worst it is compute-bound, linear in tokens). So a forward of p at b
-        sequences x n_p tokens, with b <= B and b n_p >= B n_q, costs per token at most what
-        q's forward of B x n_q costs: T_q(B) >= verify_p(b) B n_q / (b n_p), the verify being
-        at least 1 - DRAFT_SHARE_MAX of p's cycle. And a cycle of p with b >= B sequences and
-        n_p >= n_q tokens each (as many draft steps or more) costs at least q's: T_q(B) <=
-        T_p(b). Each served point is taken at the far end of its ~90% sampling interval.
-        Adaptive profiles neither give nor get bounds (their tokens per sequence move)."""
+        sequences or more tokens: a cycle of p with b >= B sequences and n_p >= n_q tokens each
+        (as many draft steps or more) costs at least q's, T_q(B) <= T_p(b) (a verify forward
+        costs at least a decode forward of as many sequences). Among verify forwards (both
+        speculative: one kernel path), the cost per token never rises with more tokens (fixed
+        costs amortise; at worst compute-bound, linear), so p's verify at b <= B sequences x
+        n_p tokens with b n_p >= B n_q bounds q's from below: T_q(B) >= verify_p(b) B n_q /
+        (b n_p), the verify being at least 1 - DRAFT_SHARE_MAX of p's cycle. A decode forward
+        gets no such bound from a verify: the verify carries fixed costs of its own (FIELD.md:
+        verify cost is mostly fixed per cycle, ~30 ms at the later boot against a 12 ms decode
+        step at 82 tok/s), so a decode of a few streams may cost less per token than it.
+        Each served point is taken at the far end of its ~90% sampling interval. Adaptive
+        profiles neither give nor get bounds (their tokens per sequence move)."""
         q = self.specs[profile]
         low, high = 0.0, math.inf
         if q.adaptive:
@@ -689,11 +693,10 @@ class CycleTimeSurface:
             if name == profile or p.adaptive:
                 continue
             n_p = max(int(p.draft_tokens), 1)
-            verify_share = 1.0 - DRAFT_SHARE_MAX if p.speculative else 1.0
             for b, y, v, _ in self._points(name):
                 half = Z90 * math.sqrt(v)
-                if b <= batch and b * n_p >= batch * nq:
-                    low = max(low, verify_share * (y - half) * batch * nq / (b * n_p))
+                if q.speculative and p.speculative and b <= batch and b * n_p >= batch * nq:
+                    low = max(low, (1.0 - DRAFT_SHARE_MAX) * (y - half) * batch * nq / (b * n_p))
                 if b >= batch and n_p >= nq:
                     high = min(high, y + half)
         return low, high
@@ -702,22 +705,31 @@ class CycleTimeSurface:
         """`e` (a prediction away from `profile`'s own served batch sizes) held to the bounds
         other profiles' forwards put on it (token_bounds). Where its whole interval lies outside
         them, the curve it followed (a line, a shared surface's average slope) is disproved
-        there: the bound is the nearest possible cost, and the truth lies beyond it by the
-        concavity between the two forwards, which nothing measured tells: the shared model's
-        resolution (SURFACE_REL_ERR_FLOOR) is the centre's offset, twice it the band. Bounds
-        that contradict each other (a donor's data from before a change) are not used."""
+        there, and the estimate becomes the band between the bound and what the profile's own
+        nearest points allow (step time never falls with B, time per sequence never rises),
+        centred (nothing measured says where in it); without own points, the bound widened by
+        twice the shared model's resolution. Bounds that contradict each other (a donor's
+        data from before a change) are not used."""
         low, high = self.token_bounds(profile, batch)
         if (low <= 0.0 and math.isinf(high)) or low > high:
             return e
         lo, hi = max(e.low, low), min(e.high, high)
         if lo <= hi:
             return Estimate(min(max(e.mean, lo), hi), lo, hi, e.n)
+        pts = self._points(profile)
+        below = [(b, y) for b, y, _, _ in pts if b < batch]
+        above = [(b, y) for b, y, _, _ in pts if b > batch]
+        own_lo = below[-1][1] if below else (above[0][1] * batch / above[0][0] if above else 0.0)
+        own_hi = (
+            above[0][1] if above else (below[-1][1] * batch / below[-1][0] if below else math.inf)
+        )
+        lo, hi = max(low, own_lo), min(high, own_hi)
         f = SURFACE_REL_ERR_FLOOR
-        if e.high < low:
-            hi = min(high, low * (1.0 + 2.0 * f))
-            return Estimate(min(low * (1.0 + f), hi), low, hi, e.n)
-        lo = max(low, high * (1.0 - 2.0 * f))
-        return Estimate(max(high * (1.0 - f), lo), lo, high, e.n)
+        if math.isinf(hi):
+            hi = lo * (1.0 + 2.0 * f)
+        if lo > hi:
+            return e
+        return Estimate((lo + hi) / 2.0, lo, hi, e.n)
 
     def _token_equivalent(self, profile: str, batch: float) -> Estimate | None:
         """A never-run speculative profile q read off a run one p at the same tokens per
