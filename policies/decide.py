@@ -162,6 +162,11 @@ class PolicySettings:
     # Weight kept of a profile's old estimates when it boots again: the field's baseline moved
     # 89 -> 82 tok/s and verify 20 -> 30 ms across boots, so a new boot must dominate fast.
     boot_carryover: float = 0.25
+    # ... and at most as much as this many fresh windows of its step times: with a 30 min
+    # half-life a profile that ran an hour holds ~250 forgotten windows, a quarter of which
+    # would outweigh a new boot's first half hour (a drifted boot's trial, or an exploration,
+    # would then be judged on the old boot's level).
+    boot_carryover_max_windows: float = 3.0
     # Weight kept of a stream's estimates after a detected change in it: the old level is wrong
     # by definition, and with a 30 min half-life the forgotten sums hold ~260 windows, so even
     # 1% would still outweigh the first new windows; 0.1% leaves a trace (never an empty state).
@@ -229,6 +234,11 @@ class PolicySettings:
     hybrid_table_margin: float = 0.02
 
 
+# Cycle changes remembered for the step-time moves of profiles not running (PolicyState):
+# more than a day's worth at the CUSUM's false-alarm rate, bounded JSON.
+MAX_CYCLE_MOVES = 20
+
+
 @dataclass
 class PolicyState:
     """Everything the policy remembers; JSON-serialisable with to_dict/from_dict."""
@@ -266,6 +276,10 @@ class PolicyState:
     # baseline's prediction holds no acceptance) and the last in cycle time (stale for all).
     last_accept_change_s: float | None = None
     last_cycle_change_s: float | None = None
+    # Detected cycle changes as [time, step time after / before] of the profile running then
+    # (the newest MAX_CYCLE_MOVES): how far a system-wide move (FIELD.md's verify 20 -> 30 ms)
+    # may have taken the step times of profiles not running since.
+    cycle_moves: list[list[float]] = field(default_factory=list)
     # Partial points of the per-workload streams: "accept:<profile>:<workload>" ->
     # [accepted tokens, verify steps]; "mix" -> {workload: tokens, "": requests}.
     stream_acc: dict[str, Any] = field(default_factory=dict)
@@ -313,6 +327,7 @@ class PolicyState:
             "last_model_change_s": self.last_model_change_s,
             "last_accept_change_s": self.last_accept_change_s,
             "last_cycle_change_s": self.last_cycle_change_s,
+            "cycle_moves": [list(m) for m in self.cycle_moves],
             "stream_acc": _jsonable(self.stream_acc),
             "explore_declined": dict(self.explore_declined),
             "boot_windows": self.boot_windows,
@@ -351,6 +366,7 @@ class PolicyState:
             last_model_change_s=d.get("last_model_change_s"),
             last_accept_change_s=d.get("last_accept_change_s"),
             last_cycle_change_s=d.get("last_cycle_change_s"),
+            cycle_moves=[[float(t), float(r)] for t, r in d.get("cycle_moves", [])],
             stream_acc=_jsonable(d.get("stream_acc", {})),
             explore_declined={str(k): str(v) for k, v in d.get("explore_declined", {}).items()},
             boot_windows=int(d.get("boot_windows", 0)),
@@ -518,6 +534,10 @@ def _on_event(
             state.model.cycle.discount(p, s.change_discount)
             hybrid_decide.discount_self(state, p, s.change_discount, "cycle")
             _model_change(state, t_change, "cycle")
+            if ev.before > 0 and ev.after > 0 and math.isfinite(ev.after / ev.before):
+                state.cycle_moves = [*state.cycle_moves, [t_change, ev.after / ev.before]][
+                    -MAX_CYCLE_MOVES:
+                ]
         elif key == "batch" or key.startswith("mix:"):
             if key.startswith("mix:"):
                 # The shares now are those of the windows since (not a blend of two regimes).
@@ -707,7 +727,7 @@ def _adopt(
         "windows": 0,
     }
     # A new boot: old estimates of this profile become a weak prior (drift across boots).
-    state.model.cycle.discount(profile, s.boot_carryover)
+    state.model.cycle.discount(profile, s.boot_carryover, max_windows=s.boot_carryover_max_windows)
     hybrid_decide.discount_self(state, profile, s.boot_carryover)
     state.model.accept.discount(profile, s.boot_carryover)
     # The all-workload accept length and the cycle level start over with the boot (the mix
@@ -880,8 +900,9 @@ def begin_manual_switch(state: PolicyState, target: str, now_s: float) -> Estima
 def _decode_predictions(state: PolicyState, stale_widen: float) -> list[ProfilePrediction]:
     """The cycle model's predictions: decode tokens per decode second (B x E[L] / T(B))."""
     fresh = state.last_model_change_s
+    moves = [(t, r) for t, r in state.cycle_moves]
     preds = [
-        state.model.predict(p.name, fresh_since_s=fresh, stale_widen=stale_widen)
+        state.model.predict(p.name, fresh_since_s=fresh, stale_widen=stale_widen, cycle_moves=moves)
         for p in state.profiles
     ]
     # Adaptive profiles: SGLang's rule on their table, priced like the fixed ones.
@@ -1156,7 +1177,10 @@ def _choose(
             continue  # a bound is no prediction to switch on: only a run (exploration) says
         r = _restart(state, name, s)
         margin = s.margin_frac * cur + s.margin_z * math.hypot(_sd(pr.tok_s), _sd(cur_pred.tok_s))
-        gain = pr.tok_s.mean - cur
+        # A profile whose cost may have moved with the system since it ran is switched to on
+        # its pessimistic end only (what it delivers if it moved as far); the rest of its
+        # interval is for exploration to weigh.
+        gain = (pr.tok_s.low if pr.moved else pr.tok_s.mean) - cur
         net = (gain - margin) * max(horizon - r, 0.0) - cur * r
         if best is None or net > best[0]:
             best = (net, name, gain, margin, r)

@@ -361,12 +361,16 @@ class CycleTimeSurface:
     def _members(self) -> tuple[str, ...]:
         return tuple(p for p in self.stats if self.has_data(p))
 
-    def discount(self, profile: str, factor: float) -> None:
-        """Keep only `factor` of a profile's evidence (a new boot, a detected drift): old data
+    def discount(self, profile: str, factor: float, max_windows: float | None = None) -> None:
+        """Keep only `factor` of a profile's evidence (a new boot, a detected drift), and of each
+        line (the profile's, each batch bucket's) at most `max_windows` windows' worth: old data
         becomes a weak prior that fresh windows outweigh within a few polls."""
         f = min(max(factor, 0.0), 1.0)
         for st in (self.stats[profile], *self.buckets[profile].values()):
-            st.scale(f)
+            cap = f
+            if max_windows is not None and st.windows > 0:
+                cap = min(f, max(max_windows, 0.0) / st.windows)
+            st.scale(cap)
             st.count = 0
         self._fit_dirty = True
 
@@ -1565,10 +1569,14 @@ class ThroughputModel:
         mix: Mapping[str, float] | None = None,
         fresh_since_s: float | None = None,
         stale_widen: float = 2.0,
+        cycle_moves: Sequence[tuple[float, float]] = (),
     ) -> ProfilePrediction:
         """tok/s of `profile` at `batch` (default: the concurrency now) and `mix` (default: the
         mix now). Parts whose newest data predates `fresh_since_s` (a change point) have their
-        interval widened by `stale_widen`."""
+        interval widened by `stale_widen`. `cycle_moves` (time, ratio): detected changes of the
+        running profile's step time; a cycle estimate from own data older than some of them
+        may have moved as far as their product (a change of system state moves every
+        forward), so its interval reaches that far: the mean stays, nothing says it moved."""
         if profile not in self.specs:
             raise KeyError(f"unknown profile {profile!r}")
         spec = self.specs[profile]
@@ -1616,6 +1624,11 @@ class ThroughputModel:
         )
         if stale_c:
             cyc = _widen(cyc, stale_widen, floor=cyc.mean * 1e-3)
+        since = [r for t, r in cycle_moves if t_c is None or t_c < t]
+        moved = cyc_src == "observed" and bool(since)
+        if moved:
+            far = cyc.mean * math.prod(since)
+            cyc = Estimate(cyc.mean, min(cyc.low, far), max(cyc.high, far), cyc.n)
         if stale_a:
             L = _widen(L, stale_widen, floor=1.0)
         mean = b * L.mean / cyc.mean
@@ -1625,6 +1638,8 @@ class ThroughputModel:
         src = cyc_src if src_a in ("baseline", "observed") else f"{src_a}+{cyc_src}"
         if stale_a or stale_c:
             src += "+stale"
+        if moved:
+            src += "+moved"
         return ProfilePrediction(
             profile,
             tok,

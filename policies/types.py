@@ -173,6 +173,13 @@ class ProfilePrediction:
         profile's cycle): its tok/s interval is where the truth may lie, its mean no estimate."""
         return "bound" in self.source.split("+")
 
+    @property
+    def moved(self) -> bool:
+        """Its cycle estimate predates a detected move of another profile's step time (a change
+        of system state may have moved it as far): its interval reaches that far, its mean is
+        what the profile did before the move."""
+        return "moved" in self.source.split("+")
+
 
 @dataclass(frozen=True)
 class Overrides:

@@ -267,3 +267,43 @@ def test_new_state_fields_round_trip_and_old_states_load() -> None:
     st = PolicyState.from_dict(old)
     assert st.overhead.per_token_s() is None and st.explore_declined == {}
     assert math.isfinite(np.float64(st.start_s))
+
+
+def test_a_move_of_system_state_leaves_profiles_not_running_to_exploration() -> None:
+    """2-step ran, then 5-step (pinned, then free). The verify forward's per-token cost grows
+    ten-fold (a change of system state): 5-step's step time moves ~1.9x and is detected.
+    2-step's estimate predates that move: its interval reaches as far (its source says
+    "moved"), so the policy does not switch on its old level (it would be ~50% too fast); the
+    uncertainty is weighed by exploration, and after the run 2-step's own new boot dominates
+    its estimate (old step times weigh at most boot_carryover_max_windows windows), so the
+    policy returns within its dwell and a few windows."""
+    from tests.policies.synth import Cost
+
+    hi, mix = {"chat": 0.85}, {"chat": 1.0}
+    dr = Driver("eagle2", seed=5)
+    dr.run(60, 8, hi, mix)
+    dr.run(100, 8, hi, mix, Overrides(pin_profile="eagle5"))
+    dr.run(30, 8, hi, mix)
+    assert dr.state.running == "eagle5"
+    n0 = len(dr.decisions)
+    dr.syn.cost = Cost(per_tok_s=0.0005)
+    dr.run(400, 8, hi, mix)
+    assert dr.state.cycle_moves and dr.state.cycle_moves[-1][1] > 1.5
+    after = [(d.reason, d.profile, d.t_s) for d in dr.decisions[n0:] if d.action is Action.SWITCH]
+    assert [(r, p) for r, p, _ in after] == [
+        (Reason.EXPLORE, "eagle2"),
+        (Reason.SWITCH_PREDICTED_GAIN, "eagle5"),
+    ]
+    (_, _, t_go), (_, _, t_back) = after
+    assert t_back - t_go <= dr.restart_s + S.min_dwell_s + 30 * dr.window_s
+    # A profile whose data predates a move is predicted from its old level, tagged as such,
+    # its interval reaching as far as the move.
+    state = initial_state(PROFILES, "eagle5", 0.0, S)
+    state.model = dr.state.model
+    t2 = dr.state.model.cycle.last_t_s("eagle2")
+    assert t2 is not None
+    state.cycle_moves = [[t2 + 1.0, 2.0]]  # after 2-step's last window, before 5-step's
+    moved = {p.profile: p for p in predictions(state)}
+    assert moved["eagle2"].moved and not moved["eagle5"].moved
+    cyc = moved["eagle2"].cycle_s
+    assert cyc is not None and cyc.high >= 2.0 * cyc.mean * (1 - 1e-9)

@@ -381,3 +381,22 @@ def test_other_profiles_forwards_bound_a_prediction_in_tokens_per_forward() -> N
     assert own is not None and own.mean == pytest.approx(per_forward(6.0), rel=1e-6)
     base_low, base_high = surf.token_bounds("baseline", 8.0)
     assert base_low == 0.0 and base_high == pytest.approx(per_forward(48.0), rel=1e-3)
+
+
+def test_a_boot_keeps_old_step_times_as_a_few_windows_at_most() -> None:
+    """A profile that ran long holds hundreds of forgotten windows: a quarter of them would
+    outweigh a new boot for half an hour. With max_windows the old level weighs as much as
+    that many fresh windows: three fresh windows at a drifted level meet it halfway."""
+    old, new = 0.020, 0.030
+    capped = CycleTimeSurface([BASE], min_windows=3)
+    plain = CycleTimeSurface([BASE], min_windows=3)
+    for surf in (capped, plain):
+        _feed_exact(surf, "baseline", lambda b: old, (8.0,), windows=200)
+    capped.discount("baseline", 0.25, max_windows=3.0)
+    plain.discount("baseline", 0.25)
+    for surf in (capped, plain):
+        _feed_exact(surf, "baseline", lambda b: new, (8.0,), windows=3)
+    a, b = capped.estimate("baseline", 8.0), plain.estimate("baseline", 8.0)
+    assert a is not None and b is not None
+    assert a.mean == pytest.approx((old + new) / 2.0, rel=0.02)
+    assert b.mean < old + 0.2 * (new - old)
