@@ -276,9 +276,11 @@ class PolicyState:
     # baseline's prediction holds no acceptance) and the last in cycle time (stale for all).
     last_accept_change_s: float | None = None
     last_cycle_change_s: float | None = None
-    # Detected cycle changes as [time, step time after / before] of the profile running then
-    # (the newest MAX_CYCLE_MOVES): how far a system-wide move (FIELD.md's verify 20 -> 30 ms)
-    # may have taken the step times of profiles not running since.
+    # Detected cycle changes as [time, step time after / before, 1 if the profile running then
+    # was speculative else 0] (the newest MAX_CYCLE_MOVES): how far a change of system state
+    # (FIELD.md's verify 20 -> 30 ms) may have taken the step times of the profiles of that
+    # kind not running since (verify and decode forwards move apart: that reboot moved the
+    # decode step only 89 -> 82 tok/s).
     cycle_moves: list[list[float]] = field(default_factory=list)
     # Partial points of the per-workload streams: "accept:<profile>:<workload>" ->
     # [accepted tokens, verify steps]; "mix" -> {workload: tokens, "": requests}.
@@ -366,7 +368,7 @@ class PolicyState:
             last_model_change_s=d.get("last_model_change_s"),
             last_accept_change_s=d.get("last_accept_change_s"),
             last_cycle_change_s=d.get("last_cycle_change_s"),
-            cycle_moves=[[float(t), float(r)] for t, r in d.get("cycle_moves", [])],
+            cycle_moves=[[float(x) for x in m] for m in d.get("cycle_moves", [])],
             stream_acc=_jsonable(d.get("stream_acc", {})),
             explore_declined={str(k): str(v) for k, v in d.get("explore_declined", {}).items()},
             boot_windows=int(d.get("boot_windows", 0)),
@@ -535,9 +537,8 @@ def _on_event(
             hybrid_decide.discount_self(state, p, s.change_discount, "cycle")
             _model_change(state, t_change, "cycle")
             if ev.before > 0 and ev.after > 0 and math.isfinite(ev.after / ev.before):
-                state.cycle_moves = [*state.cycle_moves, [t_change, ev.after / ev.before]][
-                    -MAX_CYCLE_MOVES:
-                ]
+                move = [t_change, ev.after / ev.before, 1.0 if spec.speculative else 0.0]
+                state.cycle_moves = [*state.cycle_moves, move][-MAX_CYCLE_MOVES:]
         elif key == "batch" or key.startswith("mix:"):
             if key.startswith("mix:"):
                 # The shares now are those of the windows since (not a blend of two regimes).
@@ -900,9 +901,13 @@ def begin_manual_switch(state: PolicyState, target: str, now_s: float) -> Estima
 def _decode_predictions(state: PolicyState, stale_widen: float) -> list[ProfilePrediction]:
     """The cycle model's predictions: decode tokens per decode second (B x E[L] / T(B))."""
     fresh = state.last_model_change_s
-    moves = [(t, r) for t, r in state.cycle_moves]
     preds = [
-        state.model.predict(p.name, fresh_since_s=fresh, stale_widen=stale_widen, cycle_moves=moves)
+        state.model.predict(
+            p.name,
+            fresh_since_s=fresh,
+            stale_widen=stale_widen,
+            cycle_moves=[(t, r) for t, r, kind in state.cycle_moves if kind == p.speculative],
+        )
         for p in state.profiles
     ]
     # Adaptive profiles: SGLang's rule on their table, priced like the fixed ones.

@@ -1574,9 +1574,10 @@ class ThroughputModel:
         """tok/s of `profile` at `batch` (default: the concurrency now) and `mix` (default: the
         mix now). Parts whose newest data predates `fresh_since_s` (a change point) have their
         interval widened by `stale_widen`. `cycle_moves` (time, ratio): detected changes of the
-        running profile's step time; a cycle estimate from own data older than some of them
-        may have moved as far as their product (a change of system state moves every
-        forward), so its interval reaches that far: the mean stays, nothing says it moved."""
+        step time of profiles of this one's kind (verify or decode forwards); a cycle estimate
+        from own data older than some of them may have moved as far as their product (a change
+        of system state moves every forward of a kind), so its interval reaches that far: the
+        mean stays, nothing says it moved."""
         if profile not in self.specs:
             raise KeyError(f"unknown profile {profile!r}")
         spec = self.specs[profile]

@@ -3,6 +3,7 @@ acceptance change; exploration respects the burst rule and never runs on a timer
 are over wall time (prefill included) and trials compare decode rate with decode rate."""
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -302,8 +303,15 @@ def test_a_move_of_system_state_leaves_profiles_not_running_to_exploration() -> 
     state.model = dr.state.model
     t2 = dr.state.model.cycle.last_t_s("eagle2")
     assert t2 is not None
-    state.cycle_moves = [[t2 + 1.0, 2.0]]  # after 2-step's last window, before 5-step's
+    # A move of a verify forward after 2-step's last window (before 5-step's): only verify
+    # forwards get it; a decode forward moves apart (FIELD.md's reboot: +50% against +8%).
+    state.cycle_moves = [[t2 + 1.0, 2.0, 1.0]]
     moved = {p.profile: p for p in predictions(state)}
     assert moved["eagle2"].moved and not moved["eagle5"].moved
+    assert not moved["baseline"].moved
     cyc = moved["eagle2"].cycle_s
     assert cyc is not None and cyc.high >= 2.0 * cyc.mean * (1 - 1e-9)
+    state.cycle_moves = [[t2 + 1.0, 2.0, 0.0]]  # a decode forward's move
+    assert not any(p.moved for p in predictions(state) if p.profile != "baseline")
+    assert json.loads(json.dumps(state.to_dict()))["cycle_moves"] == state.cycle_moves
+    assert PolicyState.from_dict(state.to_dict()).cycle_moves == state.cycle_moves
