@@ -707,6 +707,40 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
     return "ok"
 
 
+def _boot_discount(state: PolicyState, profile: str, s: PolicySettings) -> None:
+    """A new boot of `profile`: its old estimates become a weak prior (drift across boots)."""
+    state.model.cycle.discount(profile, s.boot_carryover, max_windows=s.boot_carryover_max_windows)
+    hybrid_decide.discount_self(state, profile, s.boot_carryover)
+    state.model.accept.discount(profile, s.boot_carryover)
+
+
+def on_canary_started(state: PolicyState, profile: str) -> PolicyState:
+    """A fleet booted `profile` on one replica beside the running profile (a canary): a new boot
+    of it, so its old estimates become the weak prior a boot makes of them, and its windows
+    (observe_canary) judge it. The running profile, the switch history and the dwell are not
+    touched: the deployment still runs what it ran. Updates `state` in place and returns it."""
+    if profile not in state.specs:
+        raise ValueError(f"unknown profile {profile!r}")
+    if profile != state.running:
+        _boot_discount(state, profile, state.settings)
+    return state
+
+
+def observe_canary(state: PolicyState, obs: Observation) -> bool:
+    """One window of a canary replica (a profile served beside the running one, on the same
+    traffic): evidence for that profile's cycle time and acceptance, as if it had run there, so
+    a candidate the canary rejected is not predicted from the data that proposed it again. Not
+    traffic (the deployment's windows are), not change detection (the streams are the running
+    profile's). Returns whether the window was used: not for an unknown or the running
+    profile, a counter reset, or a window whose numbers are impossible."""
+    if obs.profile not in state.specs or obs.profile == state.running or obs.counter_reset:
+        return False
+    if obs.moments is not None:
+        state.model.cycle.update(obs.profile, obs.moments, obs.t_s, obs.window_s)
+    state.model.accept.update(obs)
+    return True
+
+
 def _adopt(
     state: PolicyState,
     profile: str,
@@ -727,10 +761,7 @@ def _adopt(
         "sum_old_s": 0.0,
         "windows": 0,
     }
-    # A new boot: old estimates of this profile become a weak prior (drift across boots).
-    state.model.cycle.discount(profile, s.boot_carryover, max_windows=s.boot_carryover_max_windows)
-    hybrid_decide.discount_self(state, profile, s.boot_carryover)
-    state.model.accept.discount(profile, s.boot_carryover)
+    _boot_discount(state, profile, s)
     # The all-workload accept length and the cycle level start over with the boot (the mix
     # may have moved meanwhile; a boot may have drifted: _boot_check compares). Per-workload
     # acceptance keeps its detectors: a drafter's acceptance is not a property of a boot, and

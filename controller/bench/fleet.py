@@ -273,6 +273,9 @@ def fleet_replay(
     dt = scenario.poll_interval_s
     t = 0.0
     last_tok_s: float | None = None
+    # Optional hooks of a policy that learns from a canary's windows (as FleetController).
+    canary_started = getattr(policy, "canary_started", None)
+    canary_window = getattr(policy, "canary_window", None)
 
     def record(action: Action, target: str, reason: Reason) -> None:
         out.ticks.append(Tick(t, running, last_tok_s, action, target, reason))
@@ -280,6 +283,8 @@ def fleet_replay(
     while t < end - 1e-9:
         windows = fleet.observe(t)
         if trial is not None:
+            if canary_window is not None and (cw := trial.candidate_window(windows)) is not None:
+                canary_window(cw)
             v = trial.add(windows)
             if v is not None and v.verdict is not Verdict.CONTINUE:
                 cand, cur, started = trial.candidate, trial.current, trial.started_s
@@ -325,6 +330,8 @@ def fleet_replay(
                 up, _ = fleet.roll(t, [canary_index], target)
                 fleet.forget([canary_index])
                 trial = CanaryTrial(target, running, replica_name(canary_index), t, fs.canary)
+                if canary_started is not None:
+                    canary_started(target)
                 last_tok_s = None
                 t = up
                 continue

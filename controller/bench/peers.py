@@ -292,6 +292,14 @@ class Specpilot:
     def switch_done(self, profile: str, ok: bool, downtime_s: float, now_s: float) -> None:
         self.state = self.policy.on_switch_done(self.state, profile, ok, downtime_s, now_s)
 
+    # A fleet replay's canary (as controller.fleet.FleetController): a new boot of the
+    # candidate beside the running profile, whose windows are evidence for its estimates.
+    def canary_started(self, profile: str) -> None:
+        self.state = self.policy.on_canary_started(self.state, profile)
+
+    def canary_window(self, obs: Observation) -> None:
+        self.policy.observe_canary(self.state, obs)
+
 
 class SpecpilotHybrid(Specpilot):
     """specpilot with one more profile: EAGLE-3 in SGLang's adaptive mode with a table specpilot

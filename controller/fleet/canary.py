@@ -15,6 +15,7 @@ from typing import Any
 from controller.fleet.observe import ReplicaObservation, arm_window
 from controller.fleet.settings import CanarySettings
 from policies.canary import ARM_CANARY, ARM_CONTROL, ArmWindow, CanaryVerdict, assess
+from policies.types import Observation
 
 
 @dataclass
@@ -32,16 +33,24 @@ class CanaryTrial:
     def __post_init__(self) -> None:
         self.skip = self.settings.warmup_windows
 
+    def candidate_window(self, tick: Mapping[str, ReplicaObservation]) -> Observation | None:
+        """The canary replica's window of this tick, when it serves the candidate (None on its
+        first scrape after the start, a failed scrape, or another profile)."""
+        mine = tick.get(self.replica)
+        if mine is None or mine.obs is None or mine.profile != self.candidate:
+            return None
+        return mine.obs
+
     def add(self, tick: Mapping[str, ReplicaObservation]) -> CanaryVerdict | None:
         """Fold one tick in; the verdict so far (None while warming up or without a window)."""
         self.ticks += 1
-        mine = tick.get(self.replica)
-        if mine is None or mine.obs is None or mine.profile != self.candidate:
+        mine = self.candidate_window(tick)
+        if mine is None:
             return self.verdict
         if self.skip > 0:
             self.skip -= 1
             return self.verdict
-        canary = arm_window(self.replica, ARM_CANARY, mine.obs)
+        canary = arm_window(self.replica, ARM_CANARY, mine)
         if canary is None:
             return self.verdict
         control = [

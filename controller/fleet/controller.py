@@ -265,6 +265,9 @@ class FleetController:
                 await self.actuator.canary_end(self.running)
             return "rollback", f"canary {target} did not start: {res.error}"
         self.canary = CanaryTrial(target, self.running, canary.name, now, self.fleet.canary)
+        # A new boot of the candidate: its windows will judge it in the policy's estimates too.
+        assert self.state is not None
+        self.state = policy.on_canary_started(self.state, target)
         why = reason.value if reason else "requested"
         log.info("canary: %s on %s (%s), the rest on %s", target, canary.name, why, self.running)
         return "canary", f"{target} on {canary.name} ({why})"
@@ -283,6 +286,8 @@ class FleetController:
     ) -> tuple[str, str]:
         trial = self.canary
         assert trial is not None and self.state is not None
+        if (cw := trial.candidate_window(windows)) is not None:
+            policy.observe_canary(self.state, cw)
         v = trial.add(windows)
         if v is None or v.verdict is Verdict.CONTINUE:
             return "hold", f"canary {trial.candidate}: " + (v.summary() if v else "warming up")

@@ -275,6 +275,45 @@ def test_canary_promotes_a_better_profile_and_rolls_back_a_worse_one() -> None:
     assert fb.fleet_false_switches(sc, rates, bad) == len(bad.switches)
 
 
+class _Learning(_SwitchOnce):
+    """_SwitchOnce with the canary hooks Specpilot has (as FleetController calls them)."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(target)
+        self.started: list[str] = []
+        self.seen: list[str] = []
+
+    def canary_started(self, profile: str) -> None:
+        self.started.append(profile)
+
+    def canary_window(self, obs: Observation) -> None:
+        self.seen.append(obs.profile)
+
+
+def test_a_policy_learns_from_its_canarys_windows() -> None:
+    """The fleet replay tells a policy that has the hooks when a canary boots and gives it every
+    window of the canary replica serving the candidate; specpilot feeds them to its estimates
+    (policies.decide.observe_canary), so a rolled-back candidate is predicted from what the
+    canary measured, and is not proposed again while the traffic holds."""
+    sc = fleet_scenario(
+        profile="kimi-k2.5-pcie-later-boot",
+        phases=[{"duration_s": 3600, "concurrency": 3, "workloads": {"default": 1.0}}],
+    )
+    pol = _Learning("eagle3-2step")
+    bad = fb.fleet_replay(sc, pol, initial_profile="baseline")
+    assert pol.started == [c.candidate for c in bad.canaries] and pol.started
+    assert pol.seen and set(pol.seen) == {"eagle3-2step"}
+    assert len(pol.seen) >= fb.fleet_settings(sc).canary.min_windows
+    # specpilot explores both speculative profiles there, one canary each: both rolled back,
+    # both measured (their step times), neither tried again.
+    sp = Specpilot()
+    rep = fb.fleet_replay(sc, sp, initial_profile="baseline")
+    assert sorted(c.candidate for c in rep.canaries) == ["eagle3-2step", "eagle3-5step"]
+    assert {c.outcome for c in rep.canaries} == {"rolled_back"}
+    for p in ("eagle3-2step", "eagle3-5step"):
+        assert sp.state.model.cycle.has_data(p), p
+
+
 # ------------------------------------------------------------------------------ oracles
 
 

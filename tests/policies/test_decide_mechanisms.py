@@ -315,3 +315,30 @@ def test_a_move_of_system_state_leaves_profiles_not_running_to_exploration() -> 
     assert not any(p.moved for p in predictions(state) if p.profile != "baseline")
     assert json.loads(json.dumps(state.to_dict()))["cycle_moves"] == state.cycle_moves
     assert PolicyState.from_dict(state.to_dict()).cycle_moves == state.cycle_moves
+
+
+def test_a_canarys_windows_are_evidence_for_the_candidate_only() -> None:
+    """observe_canary feeds a canary replica's window to the candidate's estimates, leaving
+    the running profile, the switch history and the traffic alone; the running profile's own
+    windows, unknown profiles and counter resets are refused. on_canary_started makes a new
+    boot of the candidate (its old step times keep a few windows' weight)."""
+    from policies.decide import observe_canary, on_canary_started
+
+    dr = Driver("eagle5", seed=31)
+    dr.run(60, 8, ALPHAS, CODE)
+    state = dr.state
+    before = (state.running, list(state.switches), state.model.concurrency.estimate())
+    syn = Synth(seed=32)
+    assert not state.model.cycle.has_data("eagle2")
+    on_canary_started(state, "eagle2")
+    for i in range(5):
+        assert observe_canary(state, syn.window(SPECS["eagle2"], dr.t + 10 * i, 8, ALPHAS, CODE))
+    assert state.model.cycle.has_data("eagle2")
+    assert (state.running, state.switches, state.model.concurrency.estimate()) == before
+    assert not observe_canary(state, syn.window(SPECS["eagle5"], dr.t + 60, 8, ALPHAS, CODE))
+    reset = dataclasses.replace(
+        syn.window(SPECS["eagle2"], dr.t + 70, 8, ALPHAS, CODE), counter_reset=True
+    )
+    assert not observe_canary(state, reset)
+    with pytest.raises(ValueError, match="unknown profile"):
+        on_canary_started(state, "nope")

@@ -202,8 +202,11 @@ async def test_canary_of_a_worse_profile_is_rolled_back(tmp_path: Path) -> None:
     assert [r.profile for r in ctl.actuator.replicas] == ["baseline"] * 3
     assert "eagle3-2step-slow" in ctl.rejected
     assert stats.failed == 0, stats.last_error
-    # The policy backs the candidate off like a failed start.
+    # The policy backs the candidate off like a failed start, and the canary's windows are in
+    # its estimates of the candidate (it is not predicted from the data that proposed it).
     assert ctl.state is not None and "eagle3-2step-slow" in ctl.state.failed
+    assert ctl.state.model.cycle.has_data("eagle3-2step-slow")
+    assert ctl.state.running == "baseline"
 
 
 async def test_router_down_switch_waits_and_loses_nothing(tmp_path: Path) -> None:
