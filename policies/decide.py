@@ -689,7 +689,9 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
     # A running adaptive profile's own windows correct its table-based prediction.
     hybrid_decide.observe_self(state, obs, s)
     state.overhead.update(obs)
-    hybrid_decide.observe(state.long_run, sig.batch, obs.window_s, obs.t_s, s)
+    hybrid_decide.observe(
+        state.long_run, sig.batch, obs.window_s, obs.t_s, s, state.model.mix.shares()
+    )
     _boot_check(state, obs, s)
     p = obs.profile
     streams: list[tuple[str, float | None]] = []
@@ -1227,6 +1229,12 @@ def _choose(
         if gain - margin > 0:
             young = age < s.burst_wait_factor * r
             if net > 0 and not young:
+                # Traffic that alternates takes a switch back: the regime's gain pays for both.
+                back = hybrid_decide.return_cost(state, name, s)
+                if back > 0:
+                    diag["return_cost_tokens"] = back
+                    if net - back <= 0:
+                        return _hold(now_s, state, Reason.HOLD_WITHIN_MARGIN, diag)
                 if _is_flap(state, name, now_s, s):
                     return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
                 if budget_exhausted(state, now_s, s):

@@ -97,6 +97,8 @@ class LongRunState:
     """The batch sizes served and the flips of the traffic (JSON-serialisable)."""
 
     batch_w: dict[str, float] = field(default_factory=dict)  # str(batch) -> forgotten seconds
+    # workload -> forgotten seconds x its token share then: the mix over the same window.
+    mix_w: dict[str, float] = field(default_factory=dict)
     # Times the window batch size moved by a factor of 2 or more from the window before (a
     # regime flip), and the last window's batch size.
     flips: list[float] = field(default_factory=list)
@@ -107,6 +109,7 @@ class LongRunState:
     def to_dict(self) -> dict[str, Any]:
         return {
             "batch_w": dict(self.batch_w),
+            "mix_w": dict(self.mix_w),
             "flips": list(self.flips),
             "last_batch": self.last_batch,
             "cache": _copy(self.cache),
@@ -116,6 +119,7 @@ class LongRunState:
     def from_dict(cls, d: Mapping[str, Any]) -> LongRunState:
         return cls(
             batch_w={str(k): float(v) for k, v in d.get("batch_w", {}).items()},
+            mix_w={str(k): float(v) for k, v in d.get("mix_w", {}).items()},
             flips=[float(x) for x in d.get("flips", [])],
             last_batch=d.get("last_batch"),
             cache=_copy(d.get("cache")),
@@ -220,14 +224,24 @@ def new_state(
 
 
 def observe(
-    lr: LongRunState, batch: float | None, window_s: float, t_s: float, s: PolicySettings
+    lr: LongRunState,
+    batch: float | None,
+    window_s: float,
+    t_s: float,
+    s: PolicySettings,
+    shares: Mapping[str, float] | None = None,
 ) -> None:
     """One window's batch size (from decode moments or running requests) into the histogram,
-    and a flip when it moved by a factor of 2 or more since the window before."""
+    the workload mix now (`shares`) into the long-run mix, and a flip when the batch size moved
+    by a factor of 2 or more since the window before."""
     lam = decay(window_s, s.long_run_batch_half_life_s)
     lr.batch_w = {k: v * lam for k, v in lr.batch_w.items() if v * lam > 1e-3}
+    lr.mix_w = {k: v * lam for k, v in lr.mix_w.items() if v * lam > 1e-3}
     if batch is None or not math.isfinite(batch) or batch < 1 or window_s <= 0:
         return
+    for w, share in (shares or {}).items():
+        if math.isfinite(share) and share > 0:
+            lr.mix_w[w] = lr.mix_w.get(w, 0.0) + window_s * share
     k = str(round(batch))
     lr.batch_w[k] = lr.batch_w.get(k, 0.0) + window_s
     last = lr.last_batch
@@ -519,9 +533,11 @@ def predict(
     batch: float | None,
     s: PolicySettings,
     table: Mapping[str, Any] | None = None,
+    mix: Mapping[str, float] | None = None,
 ) -> ProfilePrediction | None:
     """Decode tok/s of adaptive `spec` at `batch` with `table` (default: the running table if it
-    runs, else its launch table). None when the estimates cannot price it."""
+    runs, else its launch table) and `mix` (default: the mix now). None when the estimates
+    cannot price it."""
     hs = state.hybrid
     if hs is None or spec.name not in hs.tables or batch is None or batch < 1:
         return None
@@ -529,7 +545,7 @@ def predict(
     if table is None:
         table = t["running_table"] if state.running == spec.name and t["running_table"] else None
         table = table or t["table"]
-    ins = inputs(state, spec)
+    ins = inputs(state, spec, mix)
     if ins is None:
         return None
     am, cyc = ins
@@ -732,6 +748,12 @@ def _points(lr: LongRunState) -> list[tuple[float, float]]:
     return sorted((a[1] / a[0], a[0]) for a in acc.values() if a[0] > 0)
 
 
+def _long_run_mix(lr: LongRunState) -> dict[str, float] | None:
+    """The workload mix over the long-run window (token shares; None before any)."""
+    tot = sum(lr.mix_w.values())
+    return {w: v / tot for w, v in lr.mix_w.items()} if tot > 0 else None
+
+
 def _value(
     state: PolicyState,
     name: str,
@@ -739,18 +761,24 @@ def _value(
     s: PolicySettings,
     table: Mapping[str, Any] | None = None,
 ) -> tuple[Estimate, Estimate] | None:
-    """(wall tok/s, decode tok/s) of `name` averaged over the batch-size distribution."""
+    """(wall tok/s, decode tok/s) of `name` averaged over the batch-size distribution, at the
+    long-run workload mix."""
     spec = state.specs[name]
+    mix = _long_run_mix(state.long_run)
     per_tok = state.overhead.per_token_s()
     tot = sum(w for _, w in pts)
     acc = [0.0, 0.0, 0.0, 0.0]
     n = math.inf
     for b, w in pts:
         if spec.adaptive:
-            pr = predict(state, spec, b, s, table)
+            pr = predict(state, spec, b, s, table, mix)
         else:
             pr = state.model.predict(
-                name, batch=b, fresh_since_s=state.last_model_change_s, stale_widen=s.stale_widen
+                name,
+                batch=b,
+                mix=mix,
+                fresh_since_s=state.last_model_change_s,
+                stale_widen=s.stale_widen,
             )
         if pr is None or pr.tok_s is None or pr.bound:
             return None  # a bound prices nothing: exploration's prior covers it
@@ -782,6 +810,27 @@ def active_horizon(state: PolicyState, now_s: float, s: PolicySettings) -> float
     if flipping is None:
         return None
     return min(s.long_run_horizon_s, max(flipping, s.long_run_min_history_s))
+
+
+def return_cost(state: PolicyState, target: str, s: PolicySettings) -> float:
+    """Tokens a switch from the running profile to `target` is expected to cost on the way back
+    (0 when none is expected). Over the traffic of the long-run window (at least
+    `long_run_min_history_s` of it: batch sizes and workload mix, as the long-run rule values
+    profiles), a target worth less than the running profile is one the traffic will take back
+    from when the regimes that favoured the running profile return (traffic alternating over
+    tens of minutes, below the long-run rule's flipping): that restart back costs its restart
+    time at the running profile's long-run rate. A regime's own gain then has to pay for both
+    restarts. Without such history, or with a target at least as good over it, nothing."""
+    pts = _points(state.long_run)
+    if sum(w for _, w in pts) < s.long_run_min_history_s:
+        return 0.0
+    cur = _value(state, state.running, pts, s)
+    tgt = _value(state, target, pts, s)
+    if cur is None or tgt is None or tgt[0].mean >= cur[0].mean:
+        return 0.0
+    from policies import decide as D
+
+    return cur[0].mean * D._restart(state, state.running, s)
 
 
 def long_run(

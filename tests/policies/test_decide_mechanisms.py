@@ -342,3 +342,33 @@ def test_a_canarys_windows_are_evidence_for_the_candidate_only() -> None:
     assert not observe_canary(state, reset)
     with pytest.raises(ValueError, match="unknown profile"):
         on_canary_started(state, "nope")
+
+
+@pytest.mark.parametrize(("chat_alpha", "chases"), [(0.4, False), (0.3, True)])
+def test_alternating_traffic_makes_a_switch_pay_for_its_way_back(
+    chat_alpha: float, chases: bool
+) -> None:
+    """Code and chat alternate every 30 minutes at 2 streams: 5-step wins code by far, baseline
+    wins chat. Each chat regime alone would repay one restart into baseline; but over the
+    traffic of the last hour baseline is worth less than 5-step, so the next code regime takes
+    it back, and the chat regime's gain has to pay for both restarts. At a drafter of alpha 0.4
+    on chat (baseline +14%) it does not: after the first cycle the policy stays on 5-step. At
+    0.3 (baseline +33%) it does, and the policy follows every regime."""
+    alphas = {"code": 0.9, "chat": chat_alpha}
+    dr = Driver("eagle5", seed=41)
+    for _ in range(6):
+        dr.run(180, 2, alphas, {"code": 1.0})
+        dr.run(180, 2, alphas, {"chat": 1.0})
+    # The long-run window holds the mix too (both workloads), and survives a restart.
+    assert set(dr.state.long_run.mix_w) == {"code", "chat"}
+    assert PolicyState.from_dict(dr.state.to_dict()).long_run.mix_w == dr.state.long_run.mix_w
+    priced = [d for d in dr.decisions if "return_cost_tokens" in d.diagnostics]
+    assert priced and all(d.diagnostics["return_cost_tokens"] > 0 for d in priced)
+    chased = [d for d in dr.switches() if d.reason is Reason.SWITCH_PREDICTED_GAIN and d.t_s > 5400]
+    if chases:
+        assert len(chased) >= 6
+        assert any("return_cost_tokens" in d.diagnostics for d in chased)
+    else:
+        assert chased == []
+        assert {d.reason for d in priced} == {Reason.HOLD_WITHIN_MARGIN}
+        assert dr.state.running == "eagle5"
