@@ -10,12 +10,16 @@ remaining duration of the current regime, switch only when
 and the minimum dwell, the restart budget, the no-flap rule (A -> B -> A inside the amortisation
 horizon without a change point in between) and the burst rule (a regime younger than the restart
 it would need is ridden out: ski rental, at most 2x the loss of an oracle on a burst) all allow
-it. Profiles never run, or whose data predates the last detected change in acceptance or
-cycle time, are explored when the expected value of what a run reveals (for a chain, a deeper
-chain reveals every shallower one by truncation) beats its expected cost, weighed once per
-regime and information state: re-exploration follows detected changes, never a timer (the
-value of information grows with the expected remaining regime, which grows with its age, so a
-value weighed again every tick would end up beating any cost without anything having changed).
+it. Where the traffic of the last long-run window (batch sizes and workload mix) values the
+candidate below the running profile, the regimes that favour the running profile will come
+back and take the switch back: its restart (R_back at C's long-run rate) is added to the cost
+(hybrid_decide.return_cost). Profiles never run, or whose data predates the last detected
+change in acceptance or cycle time, are explored when the expected value of what a run reveals
+(for a chain, a deeper chain reveals every shallower one by truncation) beats its expected
+cost, weighed once per regime and information state: re-exploration follows detected
+changes, never a timer (the value of information grows with the expected remaining regime,
+which grows with its age, so a value weighed again every tick would end up beating any cost
+without anything having changed).
 
 Predicted tok/s are over wall time: the cycle model's decode rate r = B x E[L] / T(B) and the
 non-decode seconds per decode token p learned from the windows (policies/overhead.py) give
