@@ -661,6 +661,9 @@ def _boot_check(state: PolicyState, obs: Observation, s: PolicySettings) -> None
     spec = state.specs[obs.profile]
     subject = f"cycle:{obs.profile}"
     _add_finding(state, drift_finding(subject, old_s, new_s, obs.t_s, s.drift_min_rel, "s"), s)
+    if abs(new_s / old_s - 1.0) < s.drift_min_rel:
+        # No drift across the boots: the previous boot's other batch sizes still hold.
+        state.model.cycle.restore_buckets(obs.profile, ref["snap"])
     if not spec.speculative:
         # One stream's tok/s (FIELD.md's "baseline 89 -> 82 tok/s"): a baseline step gives each
         # sequence one token, so it is 1 / step time at the batch size both boots served.

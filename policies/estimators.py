@@ -652,6 +652,23 @@ class CycleTimeSurface:
             "buckets": {str(k): v.to_dict() for k, v in self.buckets[profile].items()},
         }
 
+    def restore_buckets(self, profile: str, snapshot: Mapping[str, Any]) -> int:
+        """After a new boot matched the previous one where both served (no drift), give back
+        the previous boot's batch buckets (`profile_snapshot`, taken before the boot's
+        discount) that this boot has not served yet: their step times are as valid as they
+        were, and a boot that served one batch size should not forget every other. Returns how
+        many buckets came back."""
+        restored = 0
+        for k, d in snapshot.get("buckets", {}).items():
+            old = LineStats.from_dict(d)
+            cur = self.buckets[profile].get(int(k))
+            if (cur is None or cur.count == 0) and self._bucket_has_data(old):
+                self.buckets[profile][int(k)] = old
+                restored += 1
+        if restored:
+            self._fit_dirty = True
+        return restored
+
     def support(self, profile: str, batch: float) -> str | None:
         """How the profile's own data covers `batch`: "bucket", "interpolated", "extrapolated"
         (beyond every batch size it was served at: its shape there is a band, not data),

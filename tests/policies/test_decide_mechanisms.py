@@ -372,3 +372,25 @@ def test_alternating_traffic_makes_a_switch_pay_for_its_way_back(
         assert chased == []
         assert {d.reason for d in priced} == {Reason.HOLD_WITHIN_MARGIN}
         assert dr.state.running == "eagle5"
+
+
+@pytest.mark.parametrize("drift", [False, True])
+def test_a_boot_that_matches_the_last_one_keeps_its_other_batch_sizes(drift: bool) -> None:
+    """5-step served 2 streams, then 12; baseline ran; 5-step boots again at 12 streams. Its
+    first windows at 12 match the previous boot's there, so the previous boot's 2-stream step
+    times come back (a boot that served one batch size does not forget the others). If the
+    new boot's step times drifted, they stay forgotten."""
+    from tests.policies.synth import Cost
+
+    pin5, pinb = Overrides(pin_profile="eagle5"), Overrides(pin_profile="baseline")
+    dr = Driver("eagle5", seed=61)
+    dr.run(60, 2, ALPHAS, CODE, pin5)
+    dr.run(30, 12, ALPHAS, CODE, pin5)
+    dr.run(40, 12, ALPHAS, CODE, pinb)
+    if drift:
+        dr.syn.cost = Cost(verify_fixed_s=0.0140)
+    dr.run(40, 12, ALPHAS, CODE, pin5)
+    assert dr.state.running == "eagle5"
+    assert dr.state.model.cycle.support("eagle5", 12.0) == "bucket"
+    back = dr.state.model.cycle.support("eagle5", 2.0)
+    assert back == ("extrapolated" if drift else "bucket"), back
