@@ -14,6 +14,7 @@ from controller.bench.scenario import (
     bench_profile,
     load_scenario,
     shipped_scenarios,
+    shipped_scenarios_dir,
 )
 
 GOOD = """
@@ -139,3 +140,12 @@ def test_profile_names() -> None:
     for bad in ("eagle3-0step", "eagle", "Baseline"):
         with pytest.raises(ValueError):
             bench_profile(bad)
+
+
+def test_stress_scenarios_parse() -> None:
+    """scenarios/stress/ (not in the default set) holds documented-format files only, each
+    named as its file."""
+    paths = sorted((shipped_scenarios_dir() / "stress").glob("*.toml"))
+    assert len(paths) >= 20
+    for p in paths:
+        assert load_scenario(p).name == p.stem, p
