@@ -696,9 +696,8 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
     # A running adaptive profile's own windows correct its table-based prediction.
     hybrid_decide.observe_self(state, obs, s)
     state.overhead.update(obs)
-    hybrid_decide.observe(
-        state.long_run, sig.batch, obs.window_s, obs.t_s, s, state.model.mix.shares()
-    )
+    generated = {w.workload: w.generation_tokens or 0.0 for w in obs.workloads}
+    hybrid_decide.observe(state.long_run, sig.batch, obs.window_s, obs.t_s, s, generated)
     _boot_check(state, obs, s)
     p = obs.profile
     streams: list[tuple[str, float | None]] = []

@@ -97,7 +97,7 @@ class LongRunState:
     """The batch sizes served and the flips of the traffic (JSON-serialisable)."""
 
     batch_w: dict[str, float] = field(default_factory=dict)  # str(batch) -> forgotten seconds
-    # workload -> forgotten seconds x its token share then: the mix over the same window.
+    # workload -> forgotten generated tokens: the mix (token shares) over the same window.
     mix_w: dict[str, float] = field(default_factory=dict)
     # Times the window batch size moved by a factor of 2 or more from the window before (a
     # regime flip), and the last window's batch size.
@@ -229,19 +229,20 @@ def observe(
     window_s: float,
     t_s: float,
     s: PolicySettings,
-    shares: Mapping[str, float] | None = None,
+    tokens: Mapping[str, float] | None = None,
 ) -> None:
     """One window's batch size (from decode moments or running requests) into the histogram,
-    the workload mix now (`shares`) into the long-run mix, and a flip when the batch size moved
-    by a factor of 2 or more since the window before."""
+    its generated tokens per workload (`tokens`) into the long-run mix (token shares, as the
+    mix estimator's: a busy phase weighs by what it produced, not by its length), and a flip
+    when the batch size moved by a factor of 2 or more since the window before."""
     lam = decay(window_s, s.long_run_batch_half_life_s)
     lr.batch_w = {k: v * lam for k, v in lr.batch_w.items() if v * lam > 1e-3}
     lr.mix_w = {k: v * lam for k, v in lr.mix_w.items() if v * lam > 1e-3}
     if batch is None or not math.isfinite(batch) or batch < 1 or window_s <= 0:
         return
-    for w, share in (shares or {}).items():
-        if math.isfinite(share) and share > 0:
-            lr.mix_w[w] = lr.mix_w.get(w, 0.0) + window_s * share
+    for w, g in (tokens or {}).items():
+        if math.isfinite(g) and g > 0:
+            lr.mix_w[w] = lr.mix_w.get(w, 0.0) + g
     k = str(round(batch))
     lr.batch_w[k] = lr.batch_w.get(k, 0.0) + window_s
     last = lr.last_batch

@@ -380,3 +380,19 @@ def test_under_flipping_traffic_a_rewrite_is_valued_over_the_distribution(
         assert not rewrote and (d is None or d.profile != "hybrid" or d.action is Action.HOLD)
     if restart_s > lr_h:
         assert not pays
+
+
+def test_the_long_run_mix_weighs_each_window_by_the_tokens_it_generated() -> None:
+    """A busy phase weighs by what it produced, not by how long it lasted: ten minutes of code
+    at 300 tokens a window and ten of chat at 100 give code three quarters of the mix."""
+    from policies.decide import PolicySettings
+    from policies.hybrid_decide import LongRunState, _long_run_mix, observe
+
+    lr, s = LongRunState(), PolicySettings(long_run_batch_half_life_s=1e9)
+    for i in range(60):
+        observe(lr, 8.0, 10.0, 10.0 * i, s, {"code": 300.0})
+    for i in range(60, 120):
+        observe(lr, 8.0, 10.0, 10.0 * i, s, {"chat": 100.0, "code": 0.0})
+    mix = _long_run_mix(lr)
+    assert mix is not None
+    assert mix["code"] == pytest.approx(0.75, rel=1e-6) and mix["chat"] == pytest.approx(0.25)
