@@ -660,8 +660,9 @@ def _boot_check(state: PolicyState, obs: Observation, s: PolicySettings) -> None
         return
     spec = state.specs[obs.profile]
     subject = f"cycle:{obs.profile}"
-    _add_finding(state, drift_finding(subject, old_s, new_s, obs.t_s, s.drift_min_rel, "s"), s)
-    if abs(new_s / old_s - 1.0) < s.drift_min_rel:
+    drift = drift_finding(subject, old_s, new_s, obs.t_s, s.drift_min_rel, "s")
+    _add_finding(state, drift, s)
+    if drift is None:
         # No drift across the boots: the previous boot's other batch sizes still hold.
         state.model.cycle.restore_buckets(obs.profile, ref["snap"])
     if not spec.speculative:
@@ -739,8 +740,9 @@ def observe_canary(state: PolicyState, obs: Observation) -> bool:
     traffic): evidence for that profile's cycle time and acceptance, as if it had run there, so
     a candidate the canary rejected is not predicted from the data that proposed it again. Not
     traffic (the deployment's windows are), not change detection (the streams are the running
-    profile's). Returns whether the window was used: not for an unknown or the running
-    profile, a counter reset, or a window whose numbers are impossible."""
+    profile's). Returns whether the window was offered to the estimators (not for an unknown
+    or the running profile, or a counter reset; impossible numbers the estimators reject and
+    count as they do any window's)."""
     if obs.profile not in state.specs or obs.profile == state.running or obs.counter_reset:
         return False
     if obs.moments is not None:
@@ -945,7 +947,7 @@ def _decode_predictions(state: PolicyState, stale_widen: float) -> list[ProfileP
             p.name,
             fresh_since_s=fresh,
             stale_widen=stale_widen,
-            cycle_moves=[(t, r) for t, r, kind in state.cycle_moves if kind == p.speculative],
+            cycle_moves=[(t, r) for t, r, v in state.cycle_moves if bool(v) == p.speculative],
         )
         for p in state.profiles
     ]
