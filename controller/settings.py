@@ -8,6 +8,7 @@ Must not start anything or touch the network.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tomllib
@@ -475,8 +476,26 @@ def policy_settings(settings: Settings) -> Any:
 
     from policies.decide import PolicySettings
 
-    known = {f.name: f for f in dataclasses.fields(PolicySettings)}
-    for key in settings.policy:
+    defaults = PolicySettings()
+    known = {f.name for f in dataclasses.fields(PolicySettings)}
+    for key, value in settings.policy.items():
         if key not in known:
             raise ValueError(f"unknown key {key!r} (known: {', '.join(sorted(known))})")
+        _check_policy_value(key, value, getattr(defaults, key))
     return PolicySettings(**settings.policy)
+
+
+def _check_policy_value(key: str, value: Any, default: Any) -> None:
+    """A [policy] override must have its setting's type (a float setting takes an integer too)
+    and, when a number, be finite: the policy would otherwise fail at its first tick."""
+    if isinstance(default, bool):
+        ok, want = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(default, float):
+        num = isinstance(value, int | float) and not isinstance(value, bool)
+        ok, want = num and math.isfinite(value), "a finite number"
+    else:
+        ok, want = isinstance(value, type(default)), type(default).__name__
+    if not ok:
+        raise ValueError(f"{key}: must be {want} (got {value!r})")

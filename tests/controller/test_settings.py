@@ -65,6 +65,13 @@ def test_example_config_for_real_sglang_is_advisory() -> None:
         ),
         ("[profiles.baseline]\nflags=['--port','1']\n", "set by [server]"),
         ("[policy]\nno_such_knob = 1\n[profiles.baseline]\n", "no_such_knob"),
+        (
+            "[policy]\nboot_carryover_max_windows = 'many'\n[profiles.baseline]\n",
+            "boot_carryover_max_windows: must be a finite number",
+        ),
+        ("[policy]\nmargin_frac = inf\n[profiles.baseline]\n", "margin_frac: must be a finite"),
+        ("[policy]\nmin_windows = 2.5\n[profiles.baseline]\n", "min_windows: must be an integer"),
+        ("[policy]\nexplore = 1\n[profiles.baseline]\n", "explore: must be true or false"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, text: str, needle: str) -> None:
