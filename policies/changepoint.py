@@ -304,6 +304,46 @@ class RegimeDurations:
         b = self.prior_strength * self.prior_mean_s + sum(self.completed) + age
         return b / a
 
+    def switch_beats_waiting(
+        self,
+        age_s: float,
+        wait_s: float,
+        restart_s: float,
+        gain_tok_s: float,
+        cost_tok_s: float,
+        min_regimes: int,
+    ) -> bool:
+        """Whether the regimes seen say a switch now beats waiting `wait_s` more (the burst
+        rule's ski-rental wait), for a switch that gains `gain_tok_s` once its restart of
+        `restart_s` is over and costs `cost_tok_s` for every second of it.
+
+        The burst rule waits because a young regime of unknown length may be a burst; ski
+        rental with a known distribution of lengths needs no such guard. The distribution is
+        the completed regimes that outlived `age_s` (what the current one may still be) plus
+        the prior's exponential, weighted as in `expected_remaining_s`; switching now yields
+        gain x (rest - restart)+ - cost x restart, waiting yields the same from `wait_s` later
+        if the regime lasts that long, and nothing if it ends first. False with fewer than
+        `min_regimes` such regimes: the guard stays until history speaks."""
+        age, w, r = max(age_s, 0.0), max(wait_s, 0.0), max(restart_s, 0.0)
+        rests = [d - age for d in self.completed if d >= age]
+        if len(rests) < min_regimes:
+            return False
+        g, c = gain_tok_s, cost_tok_s
+
+        def now(rest: float) -> float:
+            return g * max(rest - r, 0.0) - c * r
+
+        def later(rest: float) -> float:
+            return now(rest - w) if rest >= w else 0.0
+
+        mu, k = self.prior_mean_s, self.prior_strength
+        # The prior's memoryless rest: E[(R - r)+] = mu e^(-r/mu), P(R >= w) = e^(-w/mu).
+        prior_now = g * mu * math.exp(-r / mu) - c * r
+        prior_later = math.exp(-w / mu) * prior_now
+        v_now = (k * prior_now + sum(now(x) for x in rests)) / (k + len(rests))
+        v_later = (k * prior_later + sum(later(x) for x in rests)) / (k + len(rests))
+        return v_now > 0.0 and v_now >= v_later
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "prior_mean_s": self.prior_mean_s,

@@ -9,10 +9,11 @@ remaining duration of the current regime, switch only when
 
 and the minimum dwell, the restart budget, the no-flap rule (A -> B -> A inside the amortisation
 horizon without a change point in between) and the burst rule (a regime younger than the restart
-it would need is ridden out: ski rental, at most 2x the loss of an oracle on a burst) all allow
-it. Where the traffic of the last long-run window (batch sizes and workload mix) values the
-candidate below the running profile, the regimes that favour the running profile will come
-back and take the switch back: its restart (R_back at C's long-run rate) is added to the cost
+it would need is ridden out: ski rental, at most 2x the loss of an oracle on a burst, unless the
+lengths of enough past regimes say switching now beats waiting) all allow it. Where the traffic
+of the last long-run window (batch sizes and workload mix) values the candidate below the
+running profile, the regimes that favour the running profile will come back and take the
+switch back: its restart (R_back at C's long-run rate) is added to the cost
 (hybrid_decide.return_cost). Profiles never run, or whose data predates the last detected
 change in acceptance or cycle time, are explored when the expected value of what a run reveals
 (for a chain, a deeper chain reveals every shallower one by truncation) beats its expected
@@ -131,6 +132,10 @@ class PolicySettings:
     # A regime younger than this many restart times is treated as a possible burst (HOLD_BURST):
     # waiting as long as a restart costs bounds the loss on a burst at 2x (ski rental).
     burst_wait_factor: float = 1.0
+    # Completed regimes that outlived the current one's age needed before their lengths may
+    # lift that wait (RegimeDurations.switch_beats_waiting: ski rental with a learned
+    # distribution); fewer, and the wait holds (a burst is not ruled out by one long regime).
+    burst_history_min_regimes: int = 3
     # Exploration of untried / stale profiles by expected value of information.
     explore: bool = True
     # Prior range of an unpredictable profile's tok/s relative to the running one: FIELD.md saw
@@ -286,6 +291,9 @@ class PolicyState:
     # kind not running since (verify and decode forwards move apart: that reboot moved the
     # decode step only 89 -> 82 tok/s).
     cycle_moves: list[list[float]] = field(default_factory=list)
+    # Time of the last detected traffic change (concurrency or mix): a cycle-time change at the
+    # same time moved with the traffic, not with the system.
+    last_traffic_change_s: float | None = None
     # Partial points of the per-workload streams: "accept:<profile>:<workload>" ->
     # [accepted tokens, verify steps]; "mix" -> {workload: tokens, "": requests}.
     stream_acc: dict[str, Any] = field(default_factory=dict)
@@ -334,6 +342,7 @@ class PolicyState:
             "last_accept_change_s": self.last_accept_change_s,
             "last_cycle_change_s": self.last_cycle_change_s,
             "cycle_moves": [list(m) for m in self.cycle_moves],
+            "last_traffic_change_s": self.last_traffic_change_s,
             "stream_acc": _jsonable(self.stream_acc),
             "explore_declined": dict(self.explore_declined),
             "boot_windows": self.boot_windows,
@@ -373,6 +382,7 @@ class PolicyState:
             last_accept_change_s=d.get("last_accept_change_s"),
             last_cycle_change_s=d.get("last_cycle_change_s"),
             cycle_moves=[[float(x) for x in m] for m in d.get("cycle_moves", [])],
+            last_traffic_change_s=d.get("last_traffic_change_s"),
             stream_acc=_jsonable(d.get("stream_acc", {})),
             explore_declined={str(k): str(v) for k, v in d.get("explore_declined", {}).items()},
             boot_windows=int(d.get("boot_windows", 0)),
@@ -509,6 +519,13 @@ def _model_change(state: PolicyState, t_change: float, what: str) -> None:
         state.last_cycle_change_s = _later(state.last_cycle_change_s, t_change)
 
 
+def _with_traffic(state: PolicyState, t_change: float, s: PolicySettings) -> bool:
+    """Whether a change dated `t_change` coincides with a detected traffic change (concurrency
+    or mix), within the time that makes two change points one."""
+    t = state.last_traffic_change_s
+    return t is not None and abs(t_change - t) <= s.change_coalesce_s
+
+
 def _on_event(
     state: PolicyState, key: str, ev: CusumEvent, obs: Observation, s: PolicySettings
 ) -> None:
@@ -525,6 +542,13 @@ def _on_event(
             state.model.accept.discount(p, s.change_discount, workload=key[len(per_workload) :])
             hybrid_decide.discount_self(state, p, s.change_discount, "accept")
             _model_change(state, t_change, "accept")
+        elif key == f"cycle:{p}" and _with_traffic(state, t_change, s):
+            # The step time moved with the traffic (a new mix brings other context lengths,
+            # whose KV reads cost more or less per step), not with the system: no drift, no
+            # data made stale, and the running profile keeps its estimates (forgetting them
+            # would leave it with none once it stops, a few windows into the new traffic);
+            # they follow the new level at their half-life.
+            pass
         elif key == f"cycle:{p}":
             # The stream is step time / prediction: report it in seconds at the batch now.
             b = state.model.concurrency.estimate()
@@ -544,11 +568,12 @@ def _on_event(
                 move = [t_change, ev.after / ev.before, 1.0 if spec.speculative else 0.0]
                 state.cycle_moves = [*state.cycle_moves, move][-MAX_CYCLE_MOVES:]
         elif key == "batch" or key.startswith("mix:"):
+            state.last_traffic_change_s = _later(state.last_traffic_change_s, t_change)
+            # The traffic now is that of the windows since (not a blend of two regimes).
             if key.startswith("mix:"):
-                # The shares now are those of the windows since (not a blend of two regimes).
-                state.model.mix.discount(s.change_discount)
+                state.model.mix.rebase(t_change, s.change_discount)
             else:
-                state.model.concurrency.discount(s.change_discount)
+                state.model.concurrency.rebase(t_change, s.change_discount)
                 # The acceptance streams' noise is set by the verify steps behind a point (a
                 # window at 64 streams holds fifty times one at a single stream): after a
                 # concurrency change they re-learn it, or the old scale raises false alarms.
@@ -706,9 +731,11 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
     if state.boot_windows >= s.trial_warmup_windows:
         streams.append(("batch", sig.batch))
     state.boot_windows += 1
+    # Traffic first: a change in step time found in the same window is then known to have
+    # come with the traffic (_with_traffic).
+    streams += _mix_points(state, obs, s)
     streams += [(f"accept:{p}", sig.accept_length), (f"cycle:{p}", sig.cycle_ratio)]
     streams += _accept_points(state, obs, s)
-    streams += _mix_points(state, obs, s)
     for key, x in streams:
         ev = state.monitor.update(key, x, obs.t_s)
         if ev is not None:
@@ -1235,7 +1262,14 @@ def _choose(
         net, name, gain, margin, r = best
         diag.update(best=name, gain_tok_s=gain, margin_tok_s=margin, restart_s=r, net_tokens=net)
         if gain - margin > 0:
-            young = age < s.burst_wait_factor * r
+            young = age < s.burst_wait_factor * r and not state.regimes.switch_beats_waiting(
+                age,
+                s.burst_wait_factor * r - age,
+                r,
+                gain - margin,
+                cur,
+                s.burst_history_min_regimes,
+            )
             if net > 0 and not young:
                 # Traffic that alternates takes a switch back: the regime's gain pays for both.
                 back = hybrid_decide.return_cost(state, name, s)

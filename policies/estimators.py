@@ -95,6 +95,11 @@ MIN_SPLIT_COVERAGE = 0.9
 # with like (a line over all batch sizes misses a concave MoE curve by 10%+ at its ends).
 BUCKETS_PER_OCTAVE = 2
 
+# Windows the traffic estimators (concurrency, mix) keep as they came, to restart from the
+# windows since a detected change: a CUSUM confirms a change a few windows after it began
+# (bench-estimators: within 3), and its start is dated back by as many.
+RECENT_WINDOWS = 32
+
 _TINY = 1e-12
 
 
@@ -1383,13 +1388,15 @@ class AcceptLength:
 class Concurrency:
     """Batch size being served: step-weighted mean of the moments' batch sizes per window
     (sum_bs / n_steps), else the running-requests gauge; forgotten with a short half-life so it
-    describes the traffic now."""
+    describes the traffic now. The last RECENT_WINDOWS windows are kept as they came, so a
+    detected change can restart the estimate from the windows since (`rebase`)."""
 
     def __init__(self, half_life_s: float = 30.0) -> None:
         self.half_life_s = float(half_life_s)
         self.w = 0.0
         self.wb = 0.0
         self.last_t_s: float | None = None
+        self.recent: list[tuple[float, float, float]] = []  # (t_s, window_s, batch)
 
     @staticmethod
     def window_batch(obs: Observation) -> float | None:
@@ -1405,21 +1412,40 @@ class Concurrency:
         b = self.window_batch(obs)
         if b is None:
             return None
-        lam = decay(obs.window_s, self.half_life_s)
+        self._absorb(obs.window_s, b)
+        self.last_t_s = obs.t_s
+        self.recent = [*self.recent[-(RECENT_WINDOWS - 1) :], (obs.t_s, obs.window_s, b)]
+        return b
+
+    def _absorb(self, window_s: float, b: float) -> None:
+        lam = decay(window_s, self.half_life_s)
         self.w = self.w * lam + 1.0
         self.wb = self.wb * lam + b
-        self.last_t_s = obs.t_s
-        return b
 
     def estimate(self) -> float | None:
         return self.wb / self.w if self.w > 0 else None
 
     def discount(self, factor: float) -> None:
-        """Keep only `factor` of the windows seen so far (a detected concurrency change: the
-        estimate is then that of the windows since, not a blend with the old regime's)."""
+        """Keep only `factor` of the windows seen so far."""
         f = min(max(factor, 0.0), 1.0)
         self.w *= f
         self.wb *= f
+
+    def rebase(self, t_s: float, factor: float) -> int:
+        """A detected concurrency change whose first window ended at `t_s`: the estimate is
+        that of the windows since (a uniform discount would leave it where it was, a blend of
+        two regimes, until more windows came), with `factor` of the older ones left as a trace.
+        Returns how many windows it now rests on."""
+        since = [(w, b) for t, w, b in self.recent if t >= t_s - 1e-9]
+        self.discount(factor)
+        if since:
+            old_w, old_wb = self.w, self.wb
+            self.w = self.wb = 0.0
+            for w, b in since:
+                self._absorb(w, b)
+            self.w += old_w
+            self.wb += old_wb
+        return len(since)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -1427,39 +1453,84 @@ class Concurrency:
             "w": self.w,
             "wb": self.wb,
             "last_t_s": self.last_t_s,
+            "recent": [list(r) for r in self.recent],
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Concurrency:
         obj = cls(d["half_life_s"])
         obj.w, obj.wb, obj.last_t_s = float(d["w"]), float(d["wb"]), d.get("last_t_s")
+        obj.recent = [(float(t), float(w), float(b)) for t, w, b in d.get("recent", [])]
         return obj
 
 
 class WorkloadMix:
     """Generated-token share per workload over recent windows (profile-independent: a request
-    produces the same tokens whatever the speculation)."""
+    produces the same tokens whatever the speculation), and the finished requests behind them
+    (forgotten alike: how precisely the shares are known). The last RECENT_WINDOWS windows are
+    kept as they came, so a detected change can restart the shares from the windows since
+    (`rebase`)."""
 
     def __init__(self, half_life_s: float = 120.0) -> None:
         self.half_life_s = float(half_life_s)
         self.tokens: dict[str, float] = {}
+        self.requests = 0.0
+        # Whether the last window with tokens counted its finished requests (SGLang's
+        # num_requests_total); without counts the shares' precision is unknown, not zero.
+        self.counts_requests = False
+        # (t_s, window_s, tokens per workload, finished requests)
+        self.recent: list[tuple[float, float, dict[str, float], float]] = []
 
     def update(self, obs: Observation) -> None:
-        lam = decay(obs.window_s, self.half_life_s)
-        for k in self.tokens:
-            self.tokens[k] *= lam
+        adds: dict[str, float] = {}
+        req = 0.0
+        counted = True
         for w in obs.workloads:
             g = w.generation_tokens
             if g is not None and math.isfinite(g) and g > 0:
-                self.tokens[w.workload] = self.tokens.get(w.workload, 0.0) + g
+                adds[w.workload] = adds.get(w.workload, 0.0) + float(g)
+                r = w.requests
+                if r is None or not math.isfinite(r):
+                    counted = False
+                elif r > 0:
+                    req += float(r)
+        if adds:
+            self.counts_requests = counted
+        self._absorb(obs.window_s, adds, req)
+        self.recent = [*self.recent[-(RECENT_WINDOWS - 1) :], (obs.t_s, obs.window_s, adds, req)]
+
+    def _absorb(self, window_s: float, adds: Mapping[str, float], requests: float) -> None:
+        lam = decay(window_s, self.half_life_s)
+        for k in self.tokens:
+            self.tokens[k] *= lam
+        for k, g in adds.items():
+            self.tokens[k] = self.tokens.get(k, 0.0) + g
+        self.requests = self.requests * lam + requests
         # Drop workloads that have faded out entirely: keeps the state small and JSON bounded.
         self.tokens = {k: v for k, v in self.tokens.items() if v > 1e-6}
 
     def discount(self, factor: float) -> None:
-        """Keep only `factor` of the tokens seen so far (a detected mix change: the shares are
-        then those of the windows since, not a blend with the old regime's)."""
+        """Keep only `factor` of the tokens (and requests) seen so far."""
         f = min(max(factor, 0.0), 1.0)
         self.tokens = {k: v * f for k, v in self.tokens.items()}
+        self.requests *= f
+
+    def rebase(self, t_s: float, factor: float) -> int:
+        """A detected mix change whose first window ended at `t_s`: the shares are those of the
+        windows since (a uniform discount leaves the shares where they were, a blend of two
+        regimes, until more windows came), with `factor` of the older tokens left as a trace.
+        Returns how many windows they now rest on."""
+        since = [(w, adds, req) for t, w, adds, req in self.recent if t >= t_s - 1e-9]
+        self.discount(factor)
+        if since:
+            old, old_req = self.tokens, self.requests
+            self.tokens, self.requests = {}, 0.0
+            for w, adds, req in since:
+                self._absorb(w, adds, req)
+            for k, v in old.items():
+                self.tokens[k] = self.tokens.get(k, 0.0) + v
+            self.requests += old_req
+        return len(since)
 
     def shares(self) -> dict[str, float]:
         tot = sum(self.tokens.values())
@@ -1468,12 +1539,24 @@ class WorkloadMix:
         return {k: v / tot for k, v in sorted(self.tokens.items()) if v / tot >= MIN_MIX_SHARE}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"half_life_s": self.half_life_s, "tokens": dict(self.tokens)}
+        return {
+            "half_life_s": self.half_life_s,
+            "tokens": dict(self.tokens),
+            "requests": self.requests,
+            "counts_requests": self.counts_requests,
+            "recent": [[t, w, dict(a), r] for t, w, a, r in self.recent],
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WorkloadMix:
         obj = cls(d["half_life_s"])
         obj.tokens = {k: float(v) for k, v in d["tokens"].items()}
+        obj.requests = float(d.get("requests", 0.0))
+        obj.counts_requests = bool(d.get("counts_requests", False))
+        obj.recent = [
+            (float(t), float(w), {k: float(v) for k, v in a.items()}, float(r))
+            for t, w, a, r in d.get("recent", [])
+        ]
         return obj
 
 
@@ -1547,11 +1630,22 @@ class ThroughputModel:
         return wt / w if w > 0 else None
 
     def accept_for_mix(
-        self, profile: str, mix: Mapping[str, float], fresh_since_s: float | None
+        self,
+        profile: str,
+        mix: Mapping[str, float],
+        fresh_since_s: float | None,
+        sample: tuple[float, Sequence[str]] | None = None,
     ) -> tuple[Estimate, str, float | None] | None:
         """E[L] of `profile` under a token-share mix: token-weighted harmonic mean of the
         per-workload predictions (interval ends combined end to end: conservative). Falls back
-        to the profile's all-workload aggregate when a workload in the mix has no prediction."""
+        to the profile's all-workload aggregate when a workload in the mix has no prediction.
+
+        `sample`: (finished requests n, workloads known) when the shares are a sample (the mix
+        now). 1/L = sum s_w / L_w is then uncertain as the shares are: under their Jeffreys
+        posterior (Dirichlet with n s_w + 1/2 per known workload, so a workload not seen since
+        a change still may be there) its sd is sqrt((E[1/L_w^2] - E[1/L_w]^2) / (a0 + 1)), and
+        the interval widens by that much (a mix read off a few requests just after a change
+        does not pass for the traffic)."""
         shares = {k: v for k, v in mix.items() if v > 0}
         parts: list[tuple[float, AcceptPrediction]] = []
         if shares:
@@ -1574,6 +1668,21 @@ class ThroughputModel:
         mean = hmean((s, ap.estimate.mean) for s, ap in parts)
         low = hmean((s, ap.estimate.low) for s, ap in parts)
         high = hmean((s, ap.estimate.high) for s, ap in parts)
+        if sample is not None:
+            n = max(sample[0], 0.0)
+            # parts follow shares' order (every workload in the mix has a prediction here).
+            inv_l = {w: 1.0 / ap.estimate.mean for w, (_, ap) in zip(shares, parts, strict=True)}
+            for w in sample[1]:
+                if w not in inv_l and (ap := self.accept.predict(profile, w, fresh_since_s)):
+                    inv_l[w] = 1.0 / ap.estimate.mean
+            alpha = {w: n * shares.get(w, 0.0) / tot + 0.5 for w in inv_l}
+            a0 = sum(alpha.values())
+            m1 = sum(a * inv_l[w] for w, a in alpha.items()) / a0
+            m2 = sum(a * inv_l[w] ** 2 for w, a in alpha.items()) / a0
+            sd_inv = math.sqrt(max(m2 - m1 * m1, 0.0) / (a0 + 1.0))
+            inv = 1.0 / mean
+            low = min(low, 1.0 / (inv + Z90 * sd_inv))
+            high = max(high, 1.0 / max(inv - Z90 * sd_inv, _TINY))
         sources = sorted({ap.source for _, ap in parts})
         times = [ap.data_t_s for _, ap in parts if ap.data_t_s is not None]
         n = min(ap.estimate.n for _, ap in parts)
@@ -1600,13 +1709,16 @@ class ThroughputModel:
         spec = self.specs[profile]
         b = batch if batch is not None else self.concurrency.estimate()
         mx = dict(mix) if mix is not None else self.mix.shares()
+        sample = None
+        if mix is None and self.mix.counts_requests:
+            sample = (self.mix.requests, tuple(self.mix.tokens))
         observed = self.observed_tok_s(profile)
         if b is None or b <= 0:
             return ProfilePrediction(profile, None, observed_tok_s=observed, source="no_traffic")
         cyc = self.cycle.estimate(profile, b)
         if cyc is None and not spec.speculative:
             cyc = self.cycle.baseline_bound(b)
-        acc = self.accept_for_mix(profile, mx, fresh_since_s)
+        acc = self.accept_for_mix(profile, mx, fresh_since_s, sample)
         base_name = self._baseline_name()
         # The break-even accept length needs the baseline's step time, not a bound on it.
         base = self.cycle.estimate(base_name, b) if base_name is not None else None

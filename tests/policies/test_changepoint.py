@@ -125,6 +125,28 @@ def test_expected_remaining_duration() -> None:
     assert RegimeDurations.from_dict(json.loads(json.dumps(r.to_dict()))) == r
 
 
+def test_a_history_of_long_regimes_lifts_the_burst_wait_and_one_of_bursts_keeps_it() -> None:
+    """Ski rental with a learned distribution: at 40 s into a regime, with a restart of 170 s
+    and 130 s of burst wait left, switching now beats waiting when every regime seen lasted an
+    hour, not when half of them were 2-minute bursts, and not on too little history."""
+    args = dict(age_s=40.0, wait_s=130.0, restart_s=170.0, gain_tok_s=45.0, cost_tok_s=150.0)
+    long = RegimeDurations(prior_mean_s=1800.0, prior_strength=1.0)
+    for _ in range(5):
+        long.record(3600.0)
+    assert long.switch_beats_waiting(**args, min_regimes=3)
+    assert not long.switch_beats_waiting(**args, min_regimes=6)  # too little history
+    bursty = RegimeDurations(prior_mean_s=1800.0, prior_strength=1.0)
+    for _ in range(5):
+        bursty.record(3600.0)
+        bursty.record(120.0)
+    assert not bursty.switch_beats_waiting(**args, min_regimes=3)
+    # Bursts younger than the regime's age are not what it may still be: past 2 minutes the
+    # same history clears a switch.
+    assert bursty.switch_beats_waiting(**{**args, "age_s": 130.0, "wait_s": 40.0}, min_regimes=3)
+    # A switch that does not repay its restart within any regime seen never beats waiting.
+    assert not long.switch_beats_waiting(**{**args, "gain_tok_s": 1.0}, min_regimes=3)
+
+
 def test_findings_as_data() -> None:
     f = drift_finding("cycle:eagle2", 0.020, 0.030, 5.0, 0.05, "s")
     assert f is not None and f.kind == "drift" and f.ratio == pytest.approx(1.5)

@@ -475,3 +475,53 @@ def test_trial_waits_for_the_batch_to_come_back_after_the_restart() -> None:
     obs = syn.window(spec, dr.t + 60.0, 32, HI, MIX)
     _trial_step(st, obs, "ok", S, diag)
     assert len(st.trial["windows"]) == 1
+
+
+def test_regimes_that_always_lasted_hours_lift_the_burst_wait() -> None:
+    """Code (eagle5 pays) and chat (baseline pays) alternate hourly. The first boundaries wait
+    out the burst rule (a restart's time from the change); once three regimes have lasted an
+    hour, their lengths say a switch now beats waiting, and the switch follows the change as
+    soon as it is confirmed."""
+    alphas = {"code": 0.85, "chat": 0.3}
+    dr = Driver("baseline", seed=11)
+    delays: list[float] = []
+    for hour in range(7):
+        mix = {"code": 1.0} if hour % 2 == 0 else {"chat": 1.0}
+        t0, n0 = dr.t, len(dr.decisions)
+        dr.run(360, 8, alphas, mix)
+        sw = [d for d in dr.decisions[n0:] if d.reason is Reason.SWITCH_PREDICTED_GAIN]
+        if hour > 0 and sw:
+            delays.append(sw[0].t_s - t0)
+    assert len(delays) >= 5
+    wait = S.burst_wait_factor * dr.restart_s
+    assert all(d >= wait for d in delays[:2])
+    assert all(d < wait for d in delays[-3:])
+    assert max(delays[-3:]) <= 80.0
+
+
+@pytest.mark.parametrize("with_traffic", [True, False])
+def test_a_step_time_change_that_comes_with_the_traffic_is_not_a_system_change(
+    with_traffic: bool,
+) -> None:
+    """A mix change brings other context lengths and moves the step time a few percent (the
+    stress scenario x4: math <-> chat on llama, -5% / +6% at every boundary). Found in the same
+    window as a traffic change it marks no drift and makes no profile's data stale, and the
+    running profile keeps its estimates; alone, it is a change of the system."""
+    from policies.changepoint import CusumEvent
+    from policies.decide import _on_event
+
+    dr = warmed()
+    st = dr.state
+    p = st.running
+    t = dr.t
+    if with_traffic:
+        st.last_traffic_change_s = t - 10.0
+    before = st.model.cycle.stats[p].s0
+    _on_event(st, f"cycle:{p}", CusumEvent("change", t, 1.0, 0.95, 2), obs_for(st, t), S)
+    drift = [f for f in st.findings if f.kind == "drift"]
+    if with_traffic:
+        assert st.last_cycle_change_s is None and not drift and not st.cycle_moves
+        assert st.model.cycle.stats[p].s0 == before
+    else:
+        assert st.last_cycle_change_s == t - 10.0 and drift and st.cycle_moves
+        assert st.model.cycle.stats[p].s0 < before

@@ -9,8 +9,10 @@ from policies.chain import expected_accept_length
 from policies.estimators import (
     AGGREGATE,
     AcceptLength,
+    Concurrency,
     CycleTimeSurface,
     ThroughputModel,
+    WorkloadMix,
 )
 from policies.types import DecodeMoments, Observation, WorkloadWindow
 from tests.policies.synth import BASE, E2, E5, PROFILES, Cost, Synth
@@ -400,3 +402,74 @@ def test_a_boot_keeps_old_step_times_as_a_few_windows_at_most() -> None:
     assert a is not None and b is not None
     assert a.mean == pytest.approx((old + new) / 2.0, rel=0.02)
     assert b.mean < old + 0.2 * (new - old)
+
+
+def _traffic_window(t: float, workload: str, batch: float) -> Observation:
+    return Observation(
+        t_s=t,
+        window_s=10.0,
+        profile="baseline",
+        running_reqs=batch,
+        workloads=(WorkloadWindow(workload, generation_tokens=1000.0),),
+    )
+
+
+def test_traffic_estimators_restart_from_the_windows_since_a_change() -> None:
+    """A mix change (code -> chat) and a concurrency change (8 -> 40) confirmed three windows
+    after they began: rebase gives the traffic of those windows, where a uniform discount
+    (what a detected change did before) leaves the estimate a blend of the two regimes; the
+    kept windows survive a JSON round trip."""
+    mix, conc = WorkloadMix(half_life_s=120.0), Concurrency(half_life_s=30.0)
+    for i in range(60):
+        w = _traffic_window(10.0 * i, "code", 8.0)
+        mix.update(w)
+        conc.update(w)
+    for i in range(60, 63):
+        w = _traffic_window(10.0 * i, "chat", 40.0)
+        mix.update(w)
+        conc.update(w)
+    blend_chat = mix.shares()["chat"]
+    blend_batch = conc.estimate()
+    assert blend_chat < 0.5 and blend_batch is not None and blend_batch < 30.0
+    mix2 = WorkloadMix.from_dict(json.loads(json.dumps(mix.to_dict())))
+    conc2 = Concurrency.from_dict(json.loads(json.dumps(conc.to_dict())))
+    mix.discount(0.001)
+    conc.discount(0.001)
+    assert mix.shares()["chat"] == pytest.approx(blend_chat)
+    assert conc.estimate() == pytest.approx(blend_batch)
+    assert mix2.rebase(600.0, 0.001) == 3
+    assert conc2.rebase(600.0, 0.001) == 3
+    assert mix2.shares()["chat"] > 0.99
+    assert conc2.estimate() == pytest.approx(40.0, rel=0.01)
+    # Only the last RECENT_WINDOWS windows are kept.
+    assert len(mix2.recent) <= 32 and len(conc2.recent) <= 32
+
+
+def test_a_mix_read_off_few_requests_widens_the_accept_length_interval() -> None:
+    """Just after a mix change (rebased onto two windows at one stream: a handful of finished
+    requests, all code) the prediction for the mix now carries the shares' sampling error,
+    chat included though no chat request finished since (Jeffreys prior over the workloads
+    known); the same shares given explicitly, or read off many requests, do not widen it."""
+    syn = Synth(seed=13)
+    m = ThroughputModel(PROFILES)
+    t = feed(m, syn, E2, 0, 60, 8, mix={"chat": 0.5, "code": 0.5})
+    steady = m.predict("eagle2", batch=8)
+    assert steady.accept_length is not None
+    t = feed(m, syn, E2, t, 2, 1, mix={"code": 1.0})
+    m.mix.rebase(t - 10.0, 0.001)
+    assert set(m.mix.shares()) == {"code"}
+    assert m.mix.requests < 30
+    young = m.predict("eagle2", batch=8)
+    given = m.predict("eagle2", batch=8, mix={"code": 1.0})
+    assert young.accept_length is not None and given.accept_length is not None
+    width = young.accept_length.high - young.accept_length.low
+    assert young.accept_length.mean == pytest.approx(given.accept_length.mean)
+    assert young.accept_length.low < given.accept_length.low
+    assert width > 3.0 * (given.accept_length.high - given.accept_length.low)
+    steady_width = steady.accept_length.high - steady.accept_length.low
+    assert width > 2.0 * steady_width
+    # Without request counts (a server that does not report them) the precision is unknown:
+    # nothing is widened on a count of zero.
+    m.mix.counts_requests = False
+    blind = m.predict("eagle2", batch=8)
+    assert blind.accept_length == given.accept_length
