@@ -1701,9 +1701,10 @@ class ThroughputModel:
         mix now). Parts whose newest data predates `fresh_since_s` (a change point) have their
         interval widened by `stale_widen`. `cycle_moves` (time, ratio): detected changes of the
         step time of profiles of this one's kind (verify or decode forwards); a cycle estimate
-        from own data older than some of them may have moved as far as their product (a change
-        of system state moves every forward of a kind), so its interval reaches that far: the
-        mean stays, nothing says it moved."""
+        from own data older than some of them has most likely moved as far as their product
+        (a change of system state moves every forward of a kind: FIELD.md's reboot moved the
+        verify 1.5x and the decode 1.08x), so it is centred there; the move may also have been
+        the other profile's alone, so its interval reaches back to the old level."""
         if profile not in self.specs:
             raise KeyError(f"unknown profile {profile!r}")
         spec = self.specs[profile]
@@ -1758,7 +1759,7 @@ class ThroughputModel:
         moved = cyc_src == "observed" and bool(since)
         if moved:
             far = cyc.mean * math.prod(since)
-            cyc = Estimate(cyc.mean, min(cyc.low, far), max(cyc.high, far), cyc.n)
+            cyc = Estimate(far, min(cyc.low, far), max(cyc.high, far), cyc.n)
         if stale_a:
             L = _widen(L, stale_widen, floor=1.0)
         mean = b * L.mean / cyc.mean

@@ -273,11 +273,13 @@ def test_new_state_fields_round_trip_and_old_states_load() -> None:
 def test_a_move_of_system_state_leaves_profiles_not_running_to_exploration() -> None:
     """2-step ran, then 5-step (pinned, then free). The verify forward's per-token cost grows
     ten-fold (a change of system state): 5-step's step time moves ~1.9x and is detected.
-    2-step's estimate predates that move: its interval reaches as far (its source says
-    "moved"), so the policy does not switch on its old level (it would be ~50% too fast); the
-    uncertainty is weighed by exploration, and after the run 2-step's own new boot dominates
-    its estimate (old step times weigh at most boot_carryover_max_windows windows), so the
-    policy returns within its dwell and a few windows."""
+    2-step's estimate predates that move: it is centred where the move would take it and its
+    interval reaches back to its old level (its source says "moved"), so the policy does not
+    switch on the old level (it would be ~50% too fast); the uncertainty is weighed by
+    exploration (of 2-step, or of the baseline, whose data is as old), and after the run the
+    explored profile's own new boot dominates its estimate (old step times weigh at most
+    boot_carryover_max_windows windows), so the policy returns within its dwell and a few
+    windows."""
     from tests.policies.synth import Cost
 
     hi, mix = {"chat": 0.85}, {"chat": 1.0}
@@ -291,14 +293,12 @@ def test_a_move_of_system_state_leaves_profiles_not_running_to_exploration() -> 
     dr.run(400, 8, hi, mix)
     assert dr.state.cycle_moves and dr.state.cycle_moves[-1][1] > 1.5
     after = [(d.reason, d.profile, d.t_s) for d in dr.decisions[n0:] if d.action is Action.SWITCH]
-    assert [(r, p) for r, p, _ in after] == [
-        (Reason.EXPLORE, "eagle2"),
-        (Reason.SWITCH_PREDICTED_GAIN, "eagle5"),
-    ]
+    assert [r for r, _, _ in after] == [Reason.EXPLORE, Reason.SWITCH_PREDICTED_GAIN]
+    assert after[0][1] in ("eagle2", "baseline") and after[1][1] == "eagle5"
     (_, _, t_go), (_, _, t_back) = after
     assert t_back - t_go <= dr.restart_s + S.min_dwell_s + 30 * dr.window_s
-    # A profile whose data predates a move is predicted from its old level, tagged as such,
-    # its interval reaching as far as the move.
+    # A profile whose data predates a move is predicted where the move takes it, tagged as
+    # such, its interval reaching back to its old level.
     state = initial_state(PROFILES, "eagle5", 0.0, S)
     state.model = dr.state.model
     t2 = dr.state.model.cycle.last_t_s("eagle2")
@@ -310,7 +310,11 @@ def test_a_move_of_system_state_leaves_profiles_not_running_to_exploration() -> 
     assert moved["eagle2"].moved and not moved["eagle5"].moved
     assert not moved["baseline"].moved
     cyc = moved["eagle2"].cycle_s
-    assert cyc is not None and cyc.high >= 2.0 * cyc.mean * (1 - 1e-9)
+    state.cycle_moves = []
+    old = {p.profile: p for p in predictions(state)}["eagle2"].cycle_s
+    assert cyc is not None and old is not None
+    assert cyc.mean == pytest.approx(2.0 * old.mean)
+    assert cyc.low <= old.mean and cyc.high >= cyc.mean
     state.cycle_moves = [[t2 + 1.0, 2.0, 0.0]]  # a decode forward's move
     assert not any(p.moved for p in predictions(state) if p.profile != "baseline")
     assert json.loads(json.dumps(state.to_dict()))["cycle_moves"] == state.cycle_moves
