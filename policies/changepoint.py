@@ -85,14 +85,17 @@ class Finding:
 @dataclass(frozen=True)
 class CusumEvent:
     """`kind` "change": a change point (before = old regime level, after = the level of the
-    windows since the CUSUM left zero); "established": a regime's level is now based on `n`
-    windows (after = that level; before = the previous regime's level, nan if none)."""
+    windows since the CUSUM left zero; `since_s`: the time of the last point before those, so
+    the change began after it, whatever span each point covers); "established": a regime's level
+    is now based on `n` windows (after = that level; before = the previous regime's level, nan
+    if none)."""
 
     kind: str
     t_s: float
     before: float
     after: float
     n: int
+    since_s: float | None = None
 
 
 @dataclass
@@ -121,6 +124,9 @@ class CusumDetector:
     established: bool = False
     lr_factor: float = 1.0  # long-run / difference-based sigma, kept across regimes
     lr_n: int = 0  # updates behind lr_factor
+    last_t: float | None = None  # time of the last point
+    hi_since: float | None = None  # time of the point before the upper run began
+    lo_since: float | None = None
 
     def sigma(self) -> float:
         """Long-run noise scale of the window sum the CUSUM accumulates."""
@@ -170,6 +176,7 @@ class CusumDetector:
         """Feed one window's value. Non-finite values are ignored."""
         if not math.isfinite(x):
             return None
+        prev_t, self.last_t = self.last_t, float(t_s)
         self._diff(x)
         # The first regime a detector sees also has to learn the noise's autocorrelation
         # before it may alarm; later regimes inherit it.
@@ -188,11 +195,15 @@ class CusumDetector:
         self.s_hi = max(0.0, self.s_hi + z - self.k)
         self.s_lo = max(0.0, self.s_lo - z - self.k)
         if self.s_hi > 0:
+            if self.hi_n == 0:
+                self.hi_since = prev_t
             self.hi_sum += x
             self.hi_n += 1
         else:
             self.hi_sum, self.hi_n = 0.0, 0
         if self.s_lo > 0:
+            if self.lo_n == 0:
+                self.lo_since = prev_t
             self.lo_sum += x
             self.lo_n += 1
         else:
@@ -200,12 +211,13 @@ class CusumDetector:
         if self.s_hi > self.h or self.s_lo > self.h:
             up = self.s_hi > self.h
             total, count = (self.hi_sum, self.hi_n) if up else (self.lo_sum, self.lo_n)
+            since = self.hi_since if up else self.lo_since
             before = self.mean
             after = total / count
             # The new level is re-learnt from the windows after the alarm: the windows that
             # raised it may include the last pre-change ones (the CUSUM left zero on noise).
             self._start_regime(after, 0)
-            return CusumEvent("change", t_s, before, after, count)
+            return CusumEvent("change", t_s, before, after, count, since)
         self._absorb(x)
         return None
 

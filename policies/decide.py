@@ -533,7 +533,12 @@ def _on_event(
     spec = state.specs[p]
     per_workload = f"accept:{p}:"
     if ev.kind == "change":
+        # The first window of the points that raised it: n windows back for a stream with a
+        # point per window, and further for one whose points gather several windows (a mix
+        # point needs mix_point_min_requests finished requests).
         t_change = ev.t_s - max(ev.n - 1, 0) * obs.window_s
+        if ev.since_s is not None:
+            t_change = min(t_change, ev.since_s + obs.window_s)
         _regime_boundary(state, t_change, s)
         _add_finding(state, Finding("change", key, ev.before, ev.after, ev.t_s), s)
         if key.startswith(per_workload):

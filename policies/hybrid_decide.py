@@ -130,7 +130,8 @@ class LongRunState:
 class HybridState:
     """Tables of the adaptive profiles (JSON-serialisable)."""
 
-    # profile -> {"table", "managed", "running_table", "candidate", "t_s", "reason"}
+    # profile -> {"table", "managed", "running_table", "candidate", "t_s", "reason"; after a
+    # rewrite also "previous" (the table it replaced) and "rewritten_s"}
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     last_regen_s: float | None = None
     regen_key: str | None = None
@@ -939,7 +940,10 @@ def long_run(
             return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
         b = state.model.concurrency.estimate()
         if is_rewrite:
-            pr = predict(state, state.specs[name], b, s, run["candidate"] if run else None)
+            assert run is not None
+            if _rewrite_flaps(state, run, now_s, s):
+                return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
+            pr = predict(state, state.specs[name], b, s, run["candidate"])
             return _rewrite(state, now_s, s, diag, pr.tok_s if pr else None)
         if D._is_flap(state, name, now_s, s):
             return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
@@ -995,9 +999,26 @@ def _rewrite_now(
         table_rewrite_net_tokens=net, table_rewrite_gain_tok_s=new.tok_s.mean - cur.tok_s.mean
     )
     if pays and age >= s.burst_wait_factor * r:
+        if _rewrite_flaps(state, run, now_s, s):
+            return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
         return _rewrite(state, now_s, s, diag, new.tok_s)
     lr.cache = {"key": key, "t_s": now_s, "reason": None, "diag": {}}
     return None
+
+
+def _rewrite_flaps(
+    state: PolicyState, run: Mapping[str, Any], now_s: float, s: PolicySettings
+) -> bool:
+    """decide's no-flap rule for a table: a rewrite back to the table the last rewrite replaced,
+    inside the amortisation horizon and without a change point since, undoes that rewrite
+    before it could have paid for its restart (each table's tiers look worse while it runs:
+    its own windows price them, the other table's are priced from the fixed profiles)."""
+    t = run.get("rewritten_s")
+    if t is None or run.get("previous") is None:
+        return False
+    if run["candidate"] != run["previous"] or now_s - float(t) >= s.amortisation_horizon_s:
+        return False
+    return not (state.last_change_s is not None and state.last_change_s > float(t))
 
 
 def _hold(now_s: float, state: PolicyState, reason: Reason, diag: dict[str, Any]) -> Decision:
@@ -1052,8 +1073,9 @@ def _rewrite(
     hs = state.hybrid
     assert hs is not None
     t = hs.tables[state.running]
-    t["table"], t["candidate"] = t["candidate"], None
+    t["previous"], t["table"], t["candidate"] = t["table"], t["candidate"], None
     t["t_s"], t["reason"] = float(now_s), "rewrite"
+    t["rewritten_s"] = float(now_s)
     hs.events.append(
         {
             "t_s": float(now_s),

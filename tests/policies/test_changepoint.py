@@ -51,6 +51,32 @@ def test_step_change_detected_within_three_windows(step_sigmas: float) -> None:
     assert max(delays) <= 3, delays
 
 
+def test_a_change_is_dated_after_the_last_point_before_it_whatever_the_points_span() -> None:
+    """Points that gather several windows each (a mix point waits for 8 finished requests): a
+    change is dated after the last point before the ones that raised it, not n windows before
+    the alarm (which, with 40-second points, would date it minutes late); decide's regime
+    boundary starts at the first window after that point."""
+    from policies.decide import PolicySettings, _on_event, initial_state
+    from tests.policies.synth import Synth
+
+    rng = np.random.default_rng(3)
+    xs = stream(rng, 80, 0.5, 0.02)
+    xs[60:] = 0.1 + 0.02 * rng.standard_normal(20)
+    det = CusumDetector()
+    ev = None
+    for i, x in enumerate(xs):
+        ev = det.update(float(x), 40.0 * i)
+        if ev is not None and ev.kind == "change":
+            break
+    assert ev is not None and ev.kind == "change" and ev.n >= 1
+    assert ev.since_s == pytest.approx(40.0 * 59)
+    assert ev.t_s - (ev.n - 1) * 10.0 > ev.since_s + 40.0  # what 10 s windows would say
+    state = initial_state(PROFILES, "eagle2", 0.0, PolicySettings())
+    obs = Synth(seed=1).window(E2, ev.t_s, 8, {"chat": 0.7}, {"chat": 1.0})
+    _on_event(state, "mix:chat", ev, obs, PolicySettings())
+    assert state.regime_start_s == pytest.approx(40.0 * 59 + 10.0)
+
+
 def test_field_size_changes_are_detected_fast() -> None:
     # Verify 20 -> 30 ms and acceptance 47% -> 19% with 2% window noise.
     for before, after in ((0.020, 0.030), (1.94, 1.38)):

@@ -294,6 +294,32 @@ def test_a_table_rewrite_happens_only_when_rewrite_pays() -> None:
     assert hybrid_decide.long_run(st_same, t, S, {}) is None
 
 
+def test_a_rewrite_back_to_the_table_just_replaced_is_a_flap() -> None:
+    """A -> B -> A for tables (the stress scenario u1: each table's tiers look worse while it
+    runs, priced by its own windows, so the other looked better every half hour, 10 rewrites
+    on MoE): inside the amortisation horizon and without a change point since the rewrite, a
+    candidate equal to the table the rewrite replaced is refused (HOLD_NO_FLAP); after the
+    horizon, or after a change point, it is weighed as any rewrite."""
+    st, _syn, t = _hybrid_state(8, seed_table((2,)))
+    hs = st.hybrid
+    assert hs is not None
+    hybrid_decide.refresh_tables(st, t, S)
+    old = hs.tables["hybrid"]["table"]
+    d = hybrid_decide.long_run(st, t, S, {})
+    assert d is not None and hybrid_decide.rewrites_table(d)
+    run = hs.tables["hybrid"]
+    assert run["previous"] == old and run["rewritten_s"] == t
+    run["candidate"] = old  # the estimates now say the old table again
+    later = t + 0.5 * S.amortisation_horizon_s
+    assert hybrid_decide._rewrite_flaps(st, run, later, S)
+    assert not hybrid_decide._rewrite_flaps(st, run, t + S.amortisation_horizon_s, S)
+    st.last_change_s = t + 60.0
+    assert not hybrid_decide._rewrite_flaps(st, run, later, S)
+    st.last_change_s = None
+    run["candidate"] = seed_table((5,))  # a third table is no flap
+    assert not hybrid_decide._rewrite_flaps(st, run, later, S)
+
+
 def test_long_run_state_round_trips_and_old_states_load(flipped: Driver) -> None:
     st = flipped.state
     back = PolicyState.from_dict(st.to_dict())
