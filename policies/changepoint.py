@@ -316,6 +316,19 @@ class RegimeDurations:
         b = self.prior_strength * self.prior_mean_s + sum(self.completed) + age
         return b / a
 
+    def remaining_s(self, age_s: float, min_regimes: int) -> float:
+        """Expected remaining duration at `age_s`: the completed regimes that outlived that age
+        (their rest, with the prior's memoryless mean as one more, weighted as in
+        `expected_remaining_s`) once there are `min_regimes` of them; before that, or when
+        none outlived it, `expected_remaining_s` (the exponential model cannot tell regular
+        hour-long regimes 50 minutes in from new ones)."""
+        age = max(float(age_s), 0.0)
+        rests = [d - age for d in self.completed if d >= age]
+        if len(rests) < min_regimes:
+            return self.expected_remaining_s(age)
+        k = self.prior_strength
+        return (k * self.prior_mean_s + sum(rests)) / (k + len(rests))
+
     def switch_beats_waiting(
         self,
         age_s: float,

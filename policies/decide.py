@@ -3,7 +3,9 @@
 Owns the decision of one tick. The objective is output tokens over time, and a restart serves
 nothing for its whole duration, so a switch must repay it: with C the running profile's
 predicted tok/s, N the candidate's, R the candidate's measured restart time and H the expected
-remaining duration of the current regime, switch only when
+remaining duration of the current regime (from the lengths of past regimes that outlived its
+age once there are enough, else an exponential model: RegimeDurations.remaining_s), switch
+only when
 
     (N - C - margin) x (H - R) > C x R,   margin = margin_frac x C + margin_z x sd(N - C)
 
@@ -1239,7 +1241,7 @@ def _choose(
         return _hold(now_s, state, Reason.HOLD_INSUFFICIENT_DATA, diag)
     cur = cur_pred.tok_s.mean
     age = now_s - state.regime_start_s
-    horizon = state.regimes.expected_remaining_s(age)
+    horizon = state.regimes.remaining_s(age, s.burst_history_min_regimes)
     diag["regime_age_s"] = age
     diag["horizon_s"] = horizon
     diag["observed_tok_s"] = cur_pred.observed_tok_s

@@ -173,6 +173,19 @@ def test_a_history_of_long_regimes_lifts_the_burst_wait_and_one_of_bursts_keeps_
     assert not long.switch_beats_waiting(**{**args, "gain_tok_s": 1.0}, min_regimes=3)
 
 
+def test_remaining_duration_follows_the_regimes_seen_once_there_are_enough() -> None:
+    """Hour-long regimes, one after another: 50 minutes into the next one, about 10 minutes
+    remain (the exponential model, memoryless, says an hour or more); before three regimes
+    outlived the age, or past every one seen, the exponential model answers."""
+    r = RegimeDurations(prior_mean_s=1800.0, prior_strength=1.0)
+    for _ in range(5):
+        r.record(3600.0)
+    assert r.expected_remaining_s(3000.0) > 3000.0
+    assert r.remaining_s(3000.0, 3) == pytest.approx((1800.0 + 5 * 600.0) / 6)
+    assert r.remaining_s(3000.0, 6) == r.expected_remaining_s(3000.0)
+    assert r.remaining_s(4000.0, 3) == r.expected_remaining_s(4000.0)
+
+
 def test_findings_as_data() -> None:
     f = drift_finding("cycle:eagle2", 0.020, 0.030, 5.0, 0.05, "s")
     assert f is not None and f.kind == "drift" and f.ratio == pytest.approx(1.5)

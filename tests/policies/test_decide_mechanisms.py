@@ -348,7 +348,7 @@ def test_a_canarys_windows_are_evidence_for_the_candidate_only() -> None:
         on_canary_started(state, "nope")
 
 
-@pytest.mark.parametrize(("chat_alpha", "chases"), [(0.4, False), (0.3, True)])
+@pytest.mark.parametrize(("chat_alpha", "chases"), [(0.4, False), (0.2, True)])
 def test_alternating_traffic_makes_a_switch_pay_for_its_way_back(
     chat_alpha: float, chases: bool
 ) -> None:
@@ -357,7 +357,9 @@ def test_alternating_traffic_makes_a_switch_pay_for_its_way_back(
     traffic of the last hour baseline is worth less than 5-step, so the next code regime takes
     it back, and the chat regime's gain has to pay for both restarts. At a drafter of alpha 0.4
     on chat (baseline +14%) it does not: after the first cycle the policy stays on 5-step. At
-    0.3 (baseline +33%) it does, and the policy follows every regime."""
+    0.2 it does, and the policy follows every regime. (At 0.3, baseline +33%, following them
+    and staying serve within 0.1% of each other: once past regimes say how long each lasts, the
+    policy follows only some.)"""
     alphas = {"code": 0.9, "chat": chat_alpha}
     dr = Driver("eagle5", seed=41)
     for _ in range(6):
