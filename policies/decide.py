@@ -1382,10 +1382,22 @@ def _exploration(
             return True
         if before(state.model.cycle.last_t_s(name), state.last_cycle_change_s):
             return True
+        # An adaptive profile serving a batch size beyond every one a fixed profile was tried
+        # at: its own windows price it there, the fixed one's price is a guess (stress w8:
+        # MoE's saturating cost made 5-step's guess pessimistic, and the adaptive profile ran
+        # at 0.9 of it all day). Worth weighing as untried.
+        if (
+            specs[state.running].adaptive
+            and not specs[name].adaptive
+            and b is not None
+            and state.model.cycle.support(name, b) == "extrapolated"
+        ):
+            return True
         return specs[name].speculative and before(
             state.model.accept.last_t_s(name), state.last_accept_change_s
         )
 
+    b = state.model.concurrency.estimate()
     cands = [p.name for p in state.profiles if unknown(p.name)]
     best: tuple[float, str] | None = None
     r_back = _restart(state, state.running, s)

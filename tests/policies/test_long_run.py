@@ -320,6 +320,33 @@ def test_a_rewrite_back_to_the_table_just_replaced_is_a_flap() -> None:
     assert not hybrid_decide._rewrite_flaps(st, run, later, S)
 
 
+def test_an_adaptive_profile_serving_beyond_a_fixed_ones_data_makes_it_worth_exploring() -> None:
+    """The stress scenario w8 (MoE, 1 -> 32 streams): the adaptive profile served 32 streams,
+    where 5-step, tried only at smaller batches, is an extrapolation (on MoE's saturating cost
+    a pessimistic one) that nothing would ever test: a fixed profile tried, but never at a
+    batch size like this one, is weighed for exploration while an adaptive profile runs (its
+    own windows price it there; the fixed one's are a guess)."""
+    from policies.decide import _choose
+
+    st, syn, t = _hybrid_state(2, seed_table((0, 2, 5)))
+    pause = Overrides(paused_until_s=math.inf)
+    for _ in range(60):
+        t += 10.0
+        st, _d = decide(st, _window(syn, HYB, t, 32), t, S, pause)
+    assert st.running == "hybrid"
+    assert st.model.cycle.support("eagle5", 32.0) == "extrapolated"
+    st.regime_start_s = t - 3600.0
+    diag: dict = {}
+    _choose(st, t, S, diag)
+    assert "explore_net_tokens.eagle5" in diag or "explore_declined.eagle5" in diag
+    # The same state running a fixed profile explores nothing it has tried.
+    st2 = st.copy()
+    st2.running = "eagle2"
+    diag2: dict = {}
+    _choose(st2, t, S, diag2)
+    assert not any(k.startswith("explore_net_tokens.eagle5") for k in diag2)
+
+
 def test_long_run_state_round_trips_and_old_states_load(flipped: Driver) -> None:
     st = flipped.state
     back = PolicyState.from_dict(st.to_dict())
