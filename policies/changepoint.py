@@ -316,16 +316,22 @@ class RegimeDurations:
         b = self.prior_strength * self.prior_mean_s + sum(self.completed) + age
         return b / a
 
+    def _outlived(self, age_s: float, min_regimes: int) -> list[float] | None:
+        """What is left of each completed regime that outlived `age_s` (what the current one
+        may still last), or None with fewer than `min_regimes` of them."""
+        age = max(float(age_s), 0.0)
+        rests = [d - age for d in self.completed if d >= age]
+        return rests if len(rests) >= min_regimes else None
+
     def remaining_s(self, age_s: float, min_regimes: int) -> float:
         """Expected remaining duration at `age_s`: the completed regimes that outlived that age
         (their rest, with the prior's memoryless mean as one more, weighted as in
         `expected_remaining_s`) once there are `min_regimes` of them; before that, or when
         none outlived it, `expected_remaining_s` (the exponential model cannot tell regular
         hour-long regimes 50 minutes in from new ones)."""
-        age = max(float(age_s), 0.0)
-        rests = [d - age for d in self.completed if d >= age]
-        if len(rests) < min_regimes:
-            return self.expected_remaining_s(age)
+        rests = self._outlived(age_s, min_regimes)
+        if rests is None:
+            return self.expected_remaining_s(age_s)
         k = self.prior_strength
         return (k * self.prior_mean_s + sum(rests)) / (k + len(rests))
 
@@ -349,9 +355,9 @@ class RegimeDurations:
         gain x (rest - restart)+ - cost x restart, waiting yields the same from `wait_s` later
         if the regime lasts that long, and nothing if it ends first. False with fewer than
         `min_regimes` such regimes: the guard stays until history speaks."""
-        age, w, r = max(age_s, 0.0), max(wait_s, 0.0), max(restart_s, 0.0)
-        rests = [d - age for d in self.completed if d >= age]
-        if len(rests) < min_regimes:
+        w, r = max(wait_s, 0.0), max(restart_s, 0.0)
+        rests = self._outlived(age_s, min_regimes)
+        if rests is None:
             return False
         g, c = gain_tok_s, cost_tok_s
 

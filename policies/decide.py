@@ -528,6 +528,32 @@ def _with_traffic(state: PolicyState, t_change: float, s: PolicySettings) -> boo
     return t is not None and abs(t_change - t) <= s.change_coalesce_s
 
 
+def _system_cycle_change(
+    state: PolicyState, key: str, ev: CusumEvent, t_change: float, s: PolicySettings
+) -> None:
+    """A change of the running profile's step time (`key` "cycle:<profile>") that did not come
+    with the traffic: drift reported, the profile's cycle data forgotten, every other profile's
+    made stale, and the move remembered for the profiles of its forward kind (cycle_moves)."""
+    p = key[len("cycle:") :]
+    # The stream is step time / prediction: report it in seconds at the batch now.
+    b = state.model.concurrency.estimate()
+    st = state.model.cycle.stats[p]
+    ref = st.level if st.s0 > 0 else math.nan
+    if b is not None and (e := state.model.cycle.estimate(p, b)) is not None:
+        ref = e.mean
+    _add_finding(
+        state,
+        drift_finding(key, ref * ev.before, ref * ev.after, ev.t_s, s.drift_min_rel, "s"),
+        s,
+    )
+    state.model.cycle.discount(p, s.change_discount)
+    hybrid_decide.discount_self(state, p, s.change_discount, "cycle")
+    _model_change(state, t_change, "cycle")
+    if ev.before > 0 and ev.after > 0 and math.isfinite(ev.after / ev.before):
+        move = [t_change, ev.after / ev.before, 1.0 if state.specs[p].speculative else 0.0]
+        state.cycle_moves = [*state.cycle_moves, move][-MAX_CYCLE_MOVES:]
+
+
 def _on_event(
     state: PolicyState, key: str, ev: CusumEvent, obs: Observation, s: PolicySettings
 ) -> None:
@@ -549,31 +575,14 @@ def _on_event(
             state.model.accept.discount(p, s.change_discount, workload=key[len(per_workload) :])
             hybrid_decide.discount_self(state, p, s.change_discount, "accept")
             _model_change(state, t_change, "accept")
-        elif key == f"cycle:{p}" and _with_traffic(state, t_change, s):
-            # The step time moved with the traffic (a new mix brings other context lengths,
-            # whose KV reads cost more or less per step), not with the system: no drift, no
-            # data made stale, and the running profile keeps its estimates (forgetting them
-            # would leave it with none once it stops, a few windows into the new traffic);
-            # they follow the new level at their half-life.
-            pass
         elif key == f"cycle:{p}":
-            # The stream is step time / prediction: report it in seconds at the batch now.
-            b = state.model.concurrency.estimate()
-            st = state.model.cycle.stats[p]
-            ref = st.level if st.s0 > 0 else math.nan
-            if b is not None and (e := state.model.cycle.estimate(p, b)) is not None:
-                ref = e.mean
-            _add_finding(
-                state,
-                drift_finding(key, ref * ev.before, ref * ev.after, ev.t_s, s.drift_min_rel, "s"),
-                s,
-            )
-            state.model.cycle.discount(p, s.change_discount)
-            hybrid_decide.discount_self(state, p, s.change_discount, "cycle")
-            _model_change(state, t_change, "cycle")
-            if ev.before > 0 and ev.after > 0 and math.isfinite(ev.after / ev.before):
-                move = [t_change, ev.after / ev.before, 1.0 if spec.speculative else 0.0]
-                state.cycle_moves = [*state.cycle_moves, move][-MAX_CYCLE_MOVES:]
+            # A step time that moved with the traffic (a new mix brings other context lengths,
+            # whose KV reads cost more or less per step) is not the system's: no drift, no data
+            # made stale, and the running profile keeps its estimates (forgetting them would
+            # leave it with none once it stops, a few windows into the new traffic); they
+            # follow the new level at their half-life.
+            if not _with_traffic(state, t_change, s):
+                _system_cycle_change(state, key, ev, t_change, s)
         elif key == "batch" or key.startswith("mix:"):
             state.last_traffic_change_s = _later(state.last_traffic_change_s, t_change)
             # The traffic now is that of the windows since (not a blend of two regimes).
@@ -1375,6 +1384,8 @@ def _exploration(
     def before(t: float | None, change: float | None) -> bool:
         return change is not None and (t is None or t < change)
 
+    b = state.model.concurrency.estimate()
+
     def unknown(name: str) -> bool:
         if name == state.running or name in blocked:
             return False
@@ -1397,7 +1408,6 @@ def _exploration(
             state.model.accept.last_t_s(name), state.last_accept_change_s
         )
 
-    b = state.model.concurrency.estimate()
     cands = [p.name for p in state.profiles if unknown(p.name)]
     best: tuple[float, str] | None = None
     r_back = _restart(state, state.running, s)

@@ -941,8 +941,6 @@ def long_run(
         b = state.model.concurrency.estimate()
         if is_rewrite:
             assert run is not None
-            if _rewrite_flaps(state, run, now_s, s):
-                return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
             pr = predict(state, state.specs[name], b, s, run["candidate"])
             return _rewrite(state, now_s, s, diag, pr.tok_s if pr else None)
         if D._is_flap(state, name, now_s, s):
@@ -999,8 +997,6 @@ def _rewrite_now(
         table_rewrite_net_tokens=net, table_rewrite_gain_tok_s=new.tok_s.mean - cur.tok_s.mean
     )
     if pays and age >= s.burst_wait_factor * r:
-        if _rewrite_flaps(state, run, now_s, s):
-            return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
         return _rewrite(state, now_s, s, diag, new.tok_s)
     lr.cache = {"key": key, "t_s": now_s, "reason": None, "diag": {}}
     return None
@@ -1068,11 +1064,14 @@ def _rewrite(
     diag: dict[str, Any],
     predicted: Estimate | None,
 ) -> Decision:
-    """Restart the running adaptive profile with its candidate table."""
+    """Restart the running adaptive profile with its candidate table, unless that undoes the
+    last rewrite (_rewrite_flaps: HOLD_NO_FLAP)."""
 
     hs = state.hybrid
     assert hs is not None
     t = hs.tables[state.running]
+    if _rewrite_flaps(state, t, now_s, s):
+        return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
     t["previous"], t["table"], t["candidate"] = t["table"], t["candidate"], None
     t["t_s"], t["reason"] = float(now_s), "rewrite"
     t["rewritten_s"] = float(now_s)

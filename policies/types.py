@@ -175,9 +175,9 @@ class ProfilePrediction:
 
     @property
     def moved(self) -> bool:
-        """Its cycle estimate predates a detected move of another profile's step time (a change
-        of system state may have moved it as far): its interval reaches that far, its mean is
-        what the profile did before the move."""
+        """Its cycle estimate predates a detected move of another profile's step time of the
+        same forward kind (a change of system state moves them all): its mean is where that
+        move takes it, its interval reaches back to what it did before the move."""
         return "moved" in self.source.split("+")
 
 
