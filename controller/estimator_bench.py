@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import httpx
 import numpy as np
@@ -46,6 +46,7 @@ from rich.console import Console
 from rich.table import Table
 
 from controller.bench.counters import ServerCounters
+from controller.bench.peers import user_settings
 from controller.observe import bench_fetch_parse, bench_parse, parse_exposition
 from controller.observe_fixtures import synth_large_exposition
 from policies.chain import expected_accept_length
@@ -108,13 +109,14 @@ def bench_profiles(quick: bool) -> list[str]:
     return names
 
 
-def _settings() -> PolicySettings:
-    return PolicySettings()
+def _settings(sim: SimProfile | None = None) -> PolicySettings:
+    """The policy's settings as a user serving `sim`'s model writes them (its routing)."""
+    return cast(PolicySettings, user_settings(sim))
 
 
-def new_model(s: PolicySettings | None = None) -> ThroughputModel:
-    """A ThroughputModel with the policy's default settings (what decide() builds)."""
-    return decide_new_model(PROFILES, s or _settings())
+def new_model(sim: SimProfile | None = None) -> ThroughputModel:
+    """A ThroughputModel as decide() builds it for a user serving `sim`'s model."""
+    return decide_new_model(PROFILES, _settings(sim))
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,7 +254,7 @@ def cycle_case(
     sim = load_profile(sim_name)
     rows: list[dict[str, Any]] = []
     for prof in PROFILES:
-        model = new_model()
+        model = new_model(sim)
         server = SimServer(sim, prof, workloads, _seed(seed, sim_name, prof.name, "cycle"))
         seen: list[int] = []
         for b in batches:
@@ -282,12 +284,17 @@ def cycle_case(
 
 
 def unseen_case(
-    sim_name: str, batches: Sequence[int], seed: int, workloads: Mapping[str, Workload]
+    sim_name: str,
+    batches: Sequence[int],
+    seed: int,
+    workloads: Mapping[str, Workload],
+    routing: bool = True,
 ) -> dict[str, Any]:
     """Baseline then 2-step served at every batch size (60 s each); then the never-run 5-step's
-    cycle time and tok/s are predicted at every batch size and compared with the truth."""
+    cycle time and tok/s are predicted at every batch size and compared with the truth.
+    `routing`: the user set the model's MoE routing (or specpilot read it); False: not."""
     sim = load_profile(sim_name)
-    model = new_model()
+    model = new_model(sim if routing else None)
     for prof in (BASE, E2):
         server = SimServer(sim, prof, workloads, _seed(seed, sim_name, prof.name, "unseen"))
         for b in batches:
@@ -332,7 +339,10 @@ def unseen_case(
         row["rel_error"] = max(errs)
         row["covers"] = covers
         rows.append(row)
-    return _case_summary(sim_name, rows)
+    curve = model.cycle.forward_curve()
+    summary = _case_summary(sim_name, rows)
+    summary["roofline_rel_rms"] = None if curve is None else curve.rel_rms
+    return summary
 
 
 def _case_summary(sim_name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -361,7 +371,7 @@ def truncation_case(
     g = E2.num_steps
     rows: list[dict[str, Any]] = []
     for b in batches:
-        model = new_model()
+        model = new_model(sim)
         server = SimServer(sim, E5, workloads, _seed(seed, sim_name, "trunc", b))
         for obs in server.windows(TRUNCATION_S, b, MIX):
             model.observe(obs)
@@ -435,7 +445,7 @@ def _drive(
 ) -> Iterator[tuple[float, list[Any]]]:
     """Run decide() (pinned to the running profile: it ingests and detects, never switches)
     over the schedule's windows; yields (window end, new findings)."""
-    s = _settings()
+    s = _settings(server.engine.profile)
     state = initial_state(PROFILES, profile.name, server.t_s, s)
     pin = Overrides(pin_profile=profile.name)
     for duration, batch, wl in schedule:
@@ -577,7 +587,9 @@ def _passes(key: str, value: float) -> bool:
     return value >= target
 
 
-def bench_estimators(json_out: Path | None, seed: int, quick: bool) -> dict[str, Any]:
+def bench_estimators(
+    json_out: Path | None, seed: int, quick: bool, routing: bool = True
+) -> dict[str, Any]:
     """Run every case; returns (and writes to `json_out`) one object with the issue's keys,
     `targets`, `pass` per key and the per-case details."""
     t_wall = time.perf_counter()
@@ -585,7 +597,9 @@ def bench_estimators(json_out: Path | None, seed: int, quick: bool) -> dict[str,
     sims = bench_profiles(quick)
     batches = BATCHES_QUICK if quick else BATCHES_FULL
     cycle = [cycle_case(s, batches, seed, workloads) for s in sims]
-    unseen = [unseen_case(s, batches, seed, workloads) for s in sims]
+    # Always every batch size: the roofline behind an unseen profile's centre needs two more
+    # served sizes than its six terms, and the case costs well under a second.
+    unseen = [unseen_case(s, BATCHES_FULL, seed, workloads, routing) for s in sims]
     trunc = [truncation_case(s, batches, seed, workloads) for s in sims]
     warm_s = 1800.0
     changes = step_changes()
@@ -632,6 +646,12 @@ def bench_estimators(json_out: Path | None, seed: int, quick: bool) -> dict[str,
         "seed": seed,
         "quick": quick,
         "sim_profiles": sims,
+        # [policy] moe_experts / moe_topk as a user serving each model sets them (0: dense).
+        "moe_routing": {
+            name: [ps.moe_experts, ps.moe_topk]
+            for name in sims
+            for ps in [_settings(load_profile(name) if routing else None)]
+        },
         "batches": list(batches),
         "mix": MIX,
         "window_s": WINDOW_S,
@@ -714,12 +734,20 @@ def bench_estimators_cmd(
     check: Annotated[
         bool, typer.Option("--check", help="Exit 1 when any target is missed.")
     ] = False,
+    no_moe_routing: Annotated[
+        bool,
+        typer.Option(
+            "--no-moe-routing",
+            help="Predict the unseen profile as a user who did not give the MoE models' "
+            "routing ([policy] moe_experts, moe_topk) would.",
+        ),
+    ] = False,
 ) -> None:
     """Measure the estimators against the simulator's ground truth: cycle time, an unseen
     profile, truncation, change detection, false alarms and the observe pipeline's cost."""
     console = Console(width=None if Console().is_terminal else 120)
     with console.status("simulating"):
-        result = bench_estimators(json_out, seed, quick)
+        result = bench_estimators(json_out, seed, quick, routing=not no_moe_routing)
     ok = print_report(result, console)
     if json_out is not None:
         console.print(f"wrote {json_out}")

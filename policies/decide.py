@@ -243,6 +243,26 @@ class PolicySettings:
     hybrid_regen_interval_s: float = 600.0
     # A step is a candidate of a bucket within this fraction of the best tier (margin_frac).
     hybrid_table_margin: float = 0.02
+    # The served model's routing: routed experts, and experts each token picks (Hugging Face
+    # config: n_routed_experts, num_local_experts or num_experts; num_experts_per_tok). 0 and 0:
+    # dense or not given. With them the cycle estimator's roofline knows how a forward's expert
+    # reads saturate with its tokens (policies/forward_cost.py), which cycle times alone cannot
+    # tell from a forward turning compute-bound.
+    moe_experts: int = 0
+    moe_topk: int = 0
+
+    def __post_init__(self) -> None:
+        e, k = self.moe_experts, self.moe_topk
+        if e < 0 or k < 0 or (e == 0) != (k == 0) or k > e:
+            raise ValueError(
+                "moe_experts and moe_topk: both 0 (dense) or 1 <= moe_topk <= moe_experts "
+                f"(got {e} and {k})"
+            )
+
+    @property
+    def expert_share(self) -> float:
+        """The share of routed experts each token reaches (0: dense or not given)."""
+        return self.moe_topk / self.moe_experts if self.moe_experts > 1 else 0.0
 
 
 # Cycle changes remembered for the step-time moves of profiles not running (PolicyState):
@@ -436,6 +456,7 @@ def new_model(profiles: Sequence[ProfileSpec], s: PolicySettings) -> ThroughputM
         min_steps=s.min_steps,
         min_verify=s.min_verify,
         min_hist_steps=s.min_hist_steps,
+        expert_share=s.expert_share,
     )
 
 
@@ -1023,6 +1044,7 @@ def decide(
     for the rules and their precedence). Updates `state` in place and returns it."""
     s = settings
     state.settings = settings
+    state.model.cycle.set_expert_share(s.expert_share)  # a state restored under older settings
     state.new_findings = []
     diag: dict[str, Any] = {}
     if (

@@ -37,6 +37,7 @@ from policies.chain import (
     predict_from_mean,
     truncated_accept_estimate,
 )
+from policies.forward_cost import ForwardCurve, ForwardPoint, fit_forward_curve
 from policies.types import (
     UNLABELLED,
     DecodeMoments,
@@ -282,6 +283,7 @@ class CycleTimeSurface:
         half_life_s: float = 1800.0,
         min_windows: int = 3,
         min_steps: float = 20.0,
+        expert_share: float = 0.0,
     ) -> None:
         self.specs = {p.name: p for p in profiles}
         self.half_life_s = float(half_life_s)
@@ -290,8 +292,11 @@ class CycleTimeSurface:
         self.stats: dict[str, LineStats] = {p.name: LineStats() for p in profiles}
         # Per profile, per batch bucket: the same forgotten moments, local to that bucket.
         self.buckets: dict[str, dict[int, LineStats]] = {p.name: {} for p in profiles}
+        self.expert_share = 0.0
         self._fit: SurfaceFit | None = None
+        self._curve: ForwardCurve | None = None
         self._fit_dirty = True
+        self.set_expert_share(expert_share)
         self._steps_since_fit = 0.0
         self._fit_members: tuple[str, ...] = ()
 
@@ -379,6 +384,15 @@ class CycleTimeSurface:
             st.count = 0
         self._fit_dirty = True
 
+    def set_expert_share(self, share: float) -> None:
+        """The served model's routing (top-k / experts; 0: dense or unknown): a setting, not
+        data, so the settings in force win over the share a restored state was saved with."""
+        if not (0.0 <= share <= 1.0):
+            raise ValueError(f"expert_share must be in [0, 1], got {share!r}")
+        if share != self.expert_share:
+            self.expert_share = float(share)
+            self._fit_dirty = True
+
     # -- queries
     def has_data(self, profile: str) -> bool:
         st = self.stats[profile]
@@ -394,12 +408,30 @@ class CycleTimeSurface:
     def surface(self) -> SurfaceFit | None:
         """The shared surface fitted with nnls over every profile's moments (lazily refitted
         when any profile's statistics changed); None without data from two profiles."""
+        self._refit()
+        return self._fit
+
+    def forward_curve(self) -> ForwardCurve | None:
+        """The forward-cost roofline over every fixed profile's served batch sizes
+        (policies.forward_cost; refitted with the surface), or None where it is unidentified."""
+        self._refit()
+        return self._curve
+
+    def _refit(self) -> None:
         if self._fit_dirty:
             self._fit = self._fit_surface()
+            self._curve = fit_forward_curve(
+                [
+                    ForwardPoint(b, max(int(sp.draft_tokens), 1), sp.speculative, y)
+                    for name, sp in self.specs.items()
+                    if not sp.adaptive
+                    for b, y, _, _ in self._points(name)
+                ],
+                self.expert_share,
+            )
             self._fit_dirty = False
             self._steps_since_fit = 0.0
             self._fit_members = self._members()
-        return self._fit
 
     def _fit_surface(self) -> SurfaceFit | None:
         xtx = np.zeros((4, 4))
@@ -819,7 +851,16 @@ class CycleTimeSurface:
         floor = TOKEN_EQUIVALENCE_REL_ERR * mean / Z90
         # The donor's shape band (where r B lies between or beyond its data) moves with it.
         lo, hi = own.interval(var + floor * floor)
-        return Estimate(mean, max(mean * 1e-3, lo + shift), hi + shift, 0.0)
+        lo, hi = max(mean * 1e-3, lo + shift), hi + shift
+        curve = self.forward_curve()
+        if own.how != "bucket" and curve is not None and curve.rel_rms <= TOKEN_EQUIVALENCE_REL_ERR:
+            # Between or beyond the donor's served sizes its own points give a chord or a
+            # straight continuation; the roofline through every profile's points knows where
+            # the forward saturates (experts all loaded) or turns compute-bound. It centres the
+            # band the donor's data and the physics allow (the band stays: a model of the
+            # shape, however well it fits the points served, is not data where none was).
+            mean = min(max(curve.at(batch, nq, True) + (nq - np_) * d0_max / 2.0, lo), hi)
+        return Estimate(mean, lo, hi, 0.0)
 
     def _per_sequence_slope(
         self, donor_pts: Sequence[tuple[float, float, float, int]], base: str, n_p: int
@@ -906,6 +947,7 @@ class CycleTimeSurface:
             "half_life_s": self.half_life_s,
             "min_windows": self.min_windows,
             "min_steps": self.min_steps,
+            "expert_share": self.expert_share,
             "profiles": [_spec_to_dict(s) for s in self.specs.values()],
             "stats": {k: v.to_dict() for k, v in self.stats.items()},
             "buckets": {
@@ -920,6 +962,7 @@ class CycleTimeSurface:
             half_life_s=d["half_life_s"],
             min_windows=d["min_windows"],
             min_steps=d["min_steps"],
+            expert_share=float(d.get("expert_share", 0.0)),
         )
         for k, v in d["stats"].items():
             obj.stats[k] = LineStats.from_dict(v)
@@ -1592,12 +1635,15 @@ class ThroughputModel:
         min_steps: float = 20.0,
         min_verify: float = 200.0,
         min_hist_steps: float = 200.0,
+        expert_share: float = 0.0,
     ) -> None:
         names = [p.name for p in profiles]
         if len(set(names)) != len(names) or not names:
             raise ValueError(f"profiles must be a non-empty list of unique names, got {names}")
         self.specs = {p.name: p for p in profiles}
-        self.cycle = CycleTimeSurface(profiles, cycle_half_life_s, min_windows, min_steps)
+        self.cycle = CycleTimeSurface(
+            profiles, cycle_half_life_s, min_windows, min_steps, expert_share
+        )
         self.accept = AcceptLength(
             profiles, accept_half_life_s, min_windows, min_verify, min_hist_steps
         )

@@ -37,6 +37,8 @@ kv_ms_per_seq_per_1k_ctx = 0.04
 # tokens = [1, 2, 3, 4, 6, 8]
 # context = [1024, 4096]
 # ms = [ [ [..len(batch)..] ..len(tokens).. ] ..len(context).. ]   # ms[context][tokens][batch]
+# moe_experts, moe_topk: (optional) the measured model's routing; the table holds its cost, these
+# say what a user would tell specpilot (SimProfile.expert_share)
 prefill_fixed_ms = 30.0        # (optional, default 30) one prefill (extend) forward
 prefill_ms_per_1k_tokens = 120.0   # (optional, default 120) per 1000 prompt tokens
 
@@ -416,6 +418,8 @@ _SCHEMA: dict[str, dict[str, tuple[bool, str]]] = {
         "tokens": (True, "axis"),
         "context": (True, "axis"),
         "ms": (True, "cube"),
+        "moe_experts": (False, "int>0"),
+        "moe_topk": (False, "int>0"),
         "prefill_fixed_ms": (False, "num>=0"),
         "prefill_ms_per_1k_tokens": (False, "num>=0"),
     },
@@ -573,6 +577,9 @@ class TableTarget:
     tokens: tuple[float, ...]
     context: tuple[float, ...]
     cube: np.ndarray = field(compare=False)  # ms[context][tokens][batch]
+    # The measured model's routing (informational: the table holds its cost), 1/1 = dense.
+    moe_experts: int = 1
+    moe_topk: int = 1
 
     def ms(self, batch: np.ndarray, n: int, ctx: float) -> np.ndarray:
         bs = np.asarray(self.batch, dtype=float)
@@ -637,6 +644,14 @@ class SimProfile:
     prefill_fixed_ms: float = DEFAULT_PREFILL_FIXED_MS
     prefill_ms_per_1k_tokens: float = DEFAULT_PREFILL_MS_PER_1K
     source: str = "<memory>"
+
+    @property
+    def expert_share(self) -> float:
+        """The routed share of experts each token reaches (top-k / experts), 0 for a dense
+        model: what a user tells specpilot's estimators about this model ([policy] moe_experts,
+        moe_topk)."""
+        e, k = self.target.moe_experts, self.target.moe_topk
+        return k / e if e > 1 else 0.0
 
     # -- step costs (seconds) --------------------------------------------------------------
 
@@ -840,6 +855,8 @@ def profile_from_dict(
 
     t = raw["target"]
     target: RooflineTarget | TableTarget
+    if t.get("moe_topk", 1) > t.get("moe_experts", 1):
+        raise ProfileError(source, "target.moe_topk", "must not exceed moe_experts")
     if model == "table":
         cube = _check_table(source, t)
         target = TableTarget(
@@ -847,12 +864,12 @@ def profile_from_dict(
             tokens=tuple(float(x) for x in t["tokens"]),
             context=tuple(float(x) for x in t["context"]),
             cube=cube,
+            moe_experts=int(t.get("moe_experts", 1)),
+            moe_topk=int(t.get("moe_topk", 1)),
         )
     else:
         if t.get("expert_ms", 0) > 0 and ("moe_experts" not in t or "moe_topk" not in t):
             raise ProfileError(source, "target.expert_ms", "needs moe_experts and moe_topk")
-        if t.get("moe_topk", 1) > t.get("moe_experts", 1):
-            raise ProfileError(source, "target.moe_topk", "must not exceed moe_experts")
         target = RooflineTarget(
             fixed_ms=float(t["fixed_ms"]),
             verify_fixed_ms=float(t["verify_fixed_ms"]),

@@ -29,6 +29,7 @@ from policies.types import (
     ProfileSpec,
     Reason,
 )
+from simulator.model import SimProfile
 
 
 class BenchPolicy(Protocol):
@@ -267,6 +268,21 @@ class UCB:
 # --------------------------------------------------------------------------------------------
 
 
+def user_settings(sim: SimProfile | None = None, **overrides: Any) -> Any:
+    """policies.decide.PolicySettings as a user serving the simulated model writes them: its
+    routing ([policy] moe_experts, moe_topk: facts of the model, in its Hugging Face config)
+    from the profile, every knob at its default unless `overrides` sets it."""
+    from policies.decide import PolicySettings
+
+    if sim is not None and sim.target.moe_experts > 1:
+        overrides = {
+            "moe_experts": sim.target.moe_experts,
+            "moe_topk": sim.target.moe_topk,
+            **overrides,
+        }
+    return PolicySettings(**overrides)
+
+
 class Specpilot:
     """policies.decide with PolicySettings defaults and Overrides(), driven as controller.loop
     drives it: decide on every poll window, on_switch_done after every restart. Trials and their
@@ -309,13 +325,13 @@ class SpecpilotHybrid(Specpilot):
 
     name = "specpilot_hybrid"
 
-    def __init__(self, max_running_requests: int | None = None) -> None:
-        from policies import decide as policy
-
+    def __init__(
+        self, max_running_requests: int | None = None, sim: SimProfile | None = None
+    ) -> None:
         # The server's max running requests pads batch sizes and bounds the table's buckets
         # (SGLang forces 48 with speculation when the flags do not set it).
         mrr = max_running_requests if max_running_requests is not None else 48
-        super().__init__(policy.PolicySettings(hybrid_max_running_requests=mrr))
+        super().__init__(user_settings(sim, hybrid_max_running_requests=mrr))
 
     def start(self, profiles: Sequence[ProfileSpec], running: str, now_s: float) -> None:
         extra = bench_profile(HYBRID_PROFILE).spec

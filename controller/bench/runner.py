@@ -45,8 +45,10 @@ def policy_names(scenario: Scenario) -> list[str]:
 def make_policy(name: str, scenario: Scenario) -> peers.BenchPolicy:
     """A fresh policy of row `name` for `scenario` (one server or a fleet)."""
     factories: dict[str, Callable[[], peers.BenchPolicy]] = {
-        "specpilot": peers.Specpilot,
-        HYBRID: lambda: peers.SpecpilotHybrid(scenario.max_running_requests),
+        "specpilot": lambda: peers.Specpilot(peers.user_settings(scenario.sim_profile())),
+        HYBRID: lambda: peers.SpecpilotHybrid(
+            scenario.max_running_requests, scenario.sim_profile()
+        ),
         "sglang_adaptive": peers.sglang_adaptive,
         "vllm_batch_threshold": peers.BatchThreshold,
         "greedy": peers.Greedy,

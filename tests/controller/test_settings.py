@@ -72,6 +72,11 @@ def test_example_config_for_real_sglang_is_advisory() -> None:
         ("[policy]\nmargin_frac = inf\n[profiles.baseline]\n", "margin_frac: must be a finite"),
         ("[policy]\nmin_windows = 2.5\n[profiles.baseline]\n", "min_windows: must be an integer"),
         ("[policy]\nexplore = 1\n[profiles.baseline]\n", "explore: must be true or false"),
+        ("[policy]\nmoe_experts = 384\n[profiles.baseline]\n", "moe_experts and moe_topk"),
+        (
+            "[policy]\nmoe_experts = 8\nmoe_topk = 16\n[profiles.baseline]\n",
+            "1 <= moe_topk <= moe_experts (got 8 and 16)",
+        ),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, text: str, needle: str) -> None:

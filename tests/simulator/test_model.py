@@ -222,6 +222,7 @@ def test_dotted_override_and_unknown_override_keys() -> None:
         (lambda d: d["target"].update(model="magic"), "roofline' or 'table"),
         (lambda d: d["provenance"].update(measured="FIELD"), "list of strings"),
         (lambda d: d["target"].pop("moe_topk"), "needs moe_experts and moe_topk"),
+        (lambda d: d["target"].update(moe_topk=500), r"target\.moe_topk: must not exceed"),
         (lambda d: d.pop("restart"), r"restart: missing"),
     ],
 )
@@ -281,3 +282,16 @@ def test_table_validation(mutate, match: str) -> None:
     mutate(d["target"])
     with pytest.raises(ProfileError, match=match):
         profile_from_dict(d, source="table.toml")
+
+
+def test_the_routing_a_user_gives_specpilot() -> None:
+    """expert_share: top-k / experts of a roofline's or a table's model, 0 for a dense one."""
+    assert load_profile(TUNED).expert_share == pytest.approx(8 / 384)
+    assert load_profile("h200-moe").expert_share == pytest.approx(8 / 384)
+    assert load_profile("h200-llama8b").expert_share == 0.0
+    d = table_doc()
+    d["target"].update(moe_experts=64, moe_topk=4)
+    assert profile_from_dict(d, source="t.toml").expert_share == pytest.approx(4 / 64)
+    d["target"].update(moe_topk=65)
+    with pytest.raises(ProfileError, match="must not exceed moe_experts"):
+        profile_from_dict(d, source="t.toml")

@@ -413,6 +413,11 @@ def build_profile(spec: ProfileSpec, t: Table, meta: Mapping[str, Any]) -> dict[
             "tokens": tokens,
             "context": contexts,
             "ms": cube,
+            **(
+                {"moe_experts": tm["moe"]["experts"], "moe_topk": tm["moe"]["top_k"]}
+                if tm.get("moe")
+                else {}
+            ),
             "prefill_fixed_ms": round(prefill_fixed, 4),
             "prefill_ms_per_1k_tokens": round(prefill_per_1k, 4),
         },
