@@ -118,6 +118,13 @@ class Controller:
         self.specs = {s.name: s for s in settings.profile_specs()}
         self.metrics = metrics or ControllerMetrics(self.specs)
         self.psettings = policy_settings(settings)
+        if self.psettings.moe_experts:
+            log.info(
+                "model routing: %d experts, top-%d (from %s)",
+                self.psettings.moe_experts,
+                self.psettings.moe_topk,
+                "[policy]" if "moe_experts" in settings.policy else "the model's config.json",
+            )
         self.mode: Mode = settings.controller.mode
         self.funnel = Funnel(actuator, lambda: self.mode)
         self.running: str | None = None

@@ -482,7 +482,25 @@ def policy_settings(settings: Settings) -> Any:
         if key not in known:
             raise ValueError(f"unknown key {key!r} (known: {', '.join(sorted(known))})")
         _check_policy_value(key, value, getattr(defaults, key))
-    return PolicySettings(**settings.policy)
+    values = dict(settings.policy)
+    if "moe_experts" not in values and "moe_topk" not in values:
+        routing = model_routing(settings)
+        if routing is not None:
+            values.update(moe_experts=routing.experts, moe_topk=routing.topk)
+    return PolicySettings(**values)
+
+
+def model_routing(settings: Settings) -> Any:
+    """The MoE routing in the config.json of the server's --model-path, where that model is on
+    this machine (controller.model_routing.Routing), else None: what [policy] moe_experts and
+    moe_topk default to."""
+    from controller.model_routing import find_routing
+
+    try:
+        path = _flag_values(settings.server.common_flags).get("--model-path")
+    except ValueError:
+        return None
+    return find_routing(path)
 
 
 def _check_policy_value(key: str, value: Any, default: Any) -> None:
