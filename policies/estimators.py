@@ -369,7 +369,14 @@ class CycleTimeSurface:
         return ratio
 
     def _members(self) -> tuple[str, ...]:
-        return tuple(p for p in self.stats if self.has_data(p))
+        """The profiles with enough data, and their batch buckets with enough: a new member or
+        a newly served batch size is new shape, whatever its share of the steps."""
+        return tuple(p for p in self.stats if self.has_data(p)) + tuple(
+            f"{p}@{k}"
+            for p, bs in self.buckets.items()
+            for k, st in sorted(bs.items())
+            if self._bucket_has_data(st)
+        )
 
     def discount(self, profile: str, factor: float, max_windows: float | None = None) -> None:
         """Keep only `factor` of a profile's evidence (a new boot, a detected drift), and of each
@@ -621,6 +628,12 @@ class CycleTimeSurface:
             # holds here, up to the model floor.
             extra = SURFACE_REL_ERR_FLOOR * slope * abs(d) / Z90
             return _Pred(mean, v0 + svar * d * d + extra * extra, "extrapolated")
+        rise = self._curve_rise(profile, b0, batch)
+        if rise is not None:
+            # The roofline through every profile's served sizes knows where the cost saturates
+            # or turns compute-bound: anchored at the profile's own end point it centres the
+            # continuation (the uncertainty stays what the end secant allows).
+            mean = min(max(y0 + rise, lo), hi)
         if self._served_by_any(batch):
             # Another profile served this batch size: the system's cost curve there is data
             # (the shared surface's slope saw it), so the profile's own continuation is a line
@@ -639,7 +652,18 @@ class CycleTimeSurface:
         else:
             lo, hi = max(lo, y0 - reach), y0
         sampling = v0 + (svar * d * d if len(side) >= 2 else 0.0)
-        return _Pred(mean, sampling, "extrapolated", lo, hi)
+        return _Pred(min(max(mean, lo), hi), sampling, "extrapolated", lo, hi)
+
+    def _curve_rise(self, profile: str, b0: float, batch: float) -> float | None:
+        """How much the forward-cost roofline says `profile`'s cycle grows from b0 to `batch`
+        sequences; None where the roofline is not fitted, fits its points worse than
+        TOKEN_EQUIVALENCE_REL_ERR, or the profile is adaptive (its tokens move)."""
+        spec = self.specs[profile]
+        curve = self.forward_curve()
+        if spec.adaptive or curve is None or curve.rel_rms > TOKEN_EQUIVALENCE_REL_ERR:
+            return None
+        n = max(int(spec.draft_tokens), 1)
+        return curve.at(batch, n, spec.speculative) - curve.at(b0, n, spec.speculative)
 
     def _served_by_any(self, batch: float) -> bool:
         """Whether some profile's batch buckets with data reach `batch` (its bucket, or between
