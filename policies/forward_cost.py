@@ -1,10 +1,11 @@
 """The forward-cost curve: what one target forward of B sequences x n tokens each costs, as a
 roofline fitted over every fixed profile's served batch sizes at once.
 
-Owns `ForwardCurve` and `fit_forward_curve`. `policies.estimators.CycleTimeSurface` centres its
-prediction of a profile never run on this curve, where a straight continuation of one donor
-profile's own points would cross a kink it cannot see (issue 4: a 5-step at 48 streams is a
-288-token forward when the largest one served had 144).
+Owns `ForwardCurve` and `fit_forward_curve`. `policies.estimators.CycleTimeSurface` centres on
+this curve its prediction of a profile never run (off the donor's served sizes), and of a run
+profile past its own largest served batch size, where a straight continuation of one profile's
+points would cross a bend it cannot see (issue 4: a 5-step at 48 streams is a 288-token forward
+when the largest one served had 144).
 
 The model, per forward (seconds):
 
@@ -109,7 +110,7 @@ def fit_forward_curve(
 ) -> ForwardCurve | None:
     """The roofline through `points` (several profiles' served batch sizes), or None when they
     cannot identify it: no baseline or no speculative point, too few points for the residual to
-    mean anything, or a non-positive cycle."""
+    mean anything, a cycle that is not a positive finite number, or a batch under one."""
     pts = [p for p in points if math.isfinite(p.cycle_s) and p.batch >= 1.0]
     if len(pts) != len(points) or any(p.cycle_s <= 0 for p in pts):
         return None
