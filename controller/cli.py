@@ -140,8 +140,25 @@ def run(
     config: Annotated[Path, typer.Option("--config", "-c", help="config.toml")] = Path(
         "config.toml"
     ),
+    help_policy: Annotated[
+        bool,
+        typer.Option(
+            "--help-policy", help="List every [policy] key with its default and reason, and exit."
+        ),
+    ] = False,
 ) -> None:
     """Run the daemon: control loop, REST API and metrics (systemd: Type=notify)."""
+    if help_policy:
+        import textwrap
+
+        from controller.settings import policy_help
+
+        for name, default, note in policy_help():
+            value = str(default).lower() if isinstance(default, bool) else repr(default)
+            typer.echo(f"{name} = {value}")
+            for line in textwrap.wrap(note, 92):
+                typer.echo(f"    {line}")
+        raise typer.Exit(0)
     from controller.daemon import run_daemon
 
     raise typer.Exit(run_daemon(config))

@@ -503,6 +503,44 @@ def model_routing(settings: Settings) -> Any:
     return find_routing(path)
 
 
+def policy_help() -> list[tuple[str, Any, str]]:
+    """Every [policy] key: (name, default, the reason its source gives for it), read from the
+    comments above each field of policies.decide.PolicySettings (empty where the source is not
+    installed beside the package)."""
+    import dataclasses
+    import inspect
+    import re
+
+    from policies.decide import PolicySettings
+
+    defaults = PolicySettings()
+    notes: dict[str, str] = {}
+    try:
+        lines = inspect.getsource(PolicySettings).splitlines()
+    except (OSError, TypeError):
+        lines = []
+    comment: list[str] = []
+    head = ""  # the first field of a group one comment explains (no blank line between)
+    for line in lines:
+        text = line.strip()
+        if text.startswith("#"):
+            comment.append(text.lstrip("#").strip())
+            continue
+        m = re.match(r"(\w+)\s*:\s*[^=]+=", text)
+        if m and comment:
+            head = m.group(1)
+            notes[head] = " ".join(comment)
+        elif m and head:
+            notes[m.group(1)] = f"(see {head})"
+        else:
+            head = ""
+        comment = []
+    return [
+        (f.name, getattr(defaults, f.name), notes.get(f.name, ""))
+        for f in dataclasses.fields(PolicySettings)
+    ]
+
+
 def _check_policy_value(key: str, value: Any, default: Any) -> None:
     """A [policy] override must have its setting's type (a float setting takes an integer too)
     and, when a number, be finite: the policy would otherwise fail at its first tick."""

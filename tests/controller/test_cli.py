@@ -314,3 +314,20 @@ def test_breakeven() -> None:
     assert "2.46" in r.output  # FIELD.md: 82 tok/s x 30 ms
     r = cli("breakeven", "--baseline-tok-s", "0", "--cycle-ms", "30")
     assert r.exit_code == 2
+
+
+def test_run_help_policy_lists_every_key_with_its_reason() -> None:
+    """config.toml points users at `specpilot run --help-policy`: every PolicySettings field,
+    its default, and the reason its source gives (or the field whose comment covers it)."""
+    import dataclasses
+
+    from policies.decide import PolicySettings
+
+    r = CliRunner().invoke(app, ["run", "--help-policy"])
+    assert r.exit_code == 0, r.output
+    blocks = r.output.split("\n")
+    for f in dataclasses.fields(PolicySettings):
+        head = next(i for i, line in enumerate(blocks) if line.startswith(f"{f.name} = "))
+        assert blocks[head + 1].startswith("    ") and blocks[head + 1].strip(), f.name
+    assert "moe_experts = 0" in r.output and "explore = true" in r.output
+    assert "min_dwell_s = 300.0" in r.output
