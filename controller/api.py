@@ -226,7 +226,7 @@ def create_app(controller: Controller, token: str) -> FastAPI:
     @app.get("/v1/status", tags=["read"])
     async def status() -> dict[str, Any]:
         """Profile now, estimates per profile with intervals, break-even accept length, last
-        decision, overrides, trial."""
+        decision, overrides, trial, MoE routing and forward-cost roofline."""
         return _json_safe(controller.status())
 
     @app.get("/v1/estimates", tags=["read"])

@@ -1022,7 +1022,42 @@ class Controller:
             "last_decision": decision_view(d) if d else None,
             "target": self.target_view(),
             "adaptive_tables": adaptive_tables.status_view(self.state),
+            "forward_cost": self.forward_cost_view(),
         }
+
+    def forward_cost_view(self) -> dict[str, Any]:
+        """The model's routing in force and the forward-cost roofline the estimator fitted over
+        the served batch sizes (policies/forward_cost.py): milliseconds, its RMS relative
+        residual, whether it fits well enough to centre predictions off the data, and the token
+        count above which served forwards were compute-bound (inf, null in JSON: none was)."""
+        ps = self.psettings
+        view: dict[str, Any] = {
+            "moe_experts": ps.moe_experts,
+            "moe_topk": ps.moe_topk,
+            "routing_from": (
+                "[policy]"
+                if "moe_experts" in self.settings.policy
+                else ("config.json" if ps.moe_experts else None)
+            ),
+            "roofline": None,
+        }
+        cycle = self.state.model.cycle if self.state is not None else None
+        curve = cycle.forward_curve() if cycle is not None else None
+        if cycle is not None and curve is not None:
+            a, c, m0, m1, k, kv = curve.coef
+            view["roofline"] = {
+                "fixed_ms": a * 1e3,
+                "speculative_ms": c * 1e3,
+                "weights_ms": m0 * 1e3,
+                "all_experts_ms": m1 * 1e3,
+                "compute_ms_per_token": k * 1e3,
+                "per_sequence_ms": kv * 1e3,
+                "compute_bound_above_tokens": curve.kink_tokens,
+                "rel_rms": curve.rel_rms,
+                "points": curve.n_points,
+                "used": cycle.usable_curve() is not None,
+            }
+        return view
 
     def target_view(self) -> dict[str, Any]:
         """The server's health as the loop sees it, and why it is not acting (if it is not)."""

@@ -424,6 +424,12 @@ class CycleTimeSurface:
         self._refit()
         return self._curve
 
+    def usable_curve(self) -> ForwardCurve | None:
+        """The roofline where it fits its points within TOKEN_EQUIVALENCE_REL_ERR (RMS): only
+        then may it centre a prediction off the served data."""
+        curve = self.forward_curve()
+        return curve if curve is not None and curve.rel_rms <= TOKEN_EQUIVALENCE_REL_ERR else None
+
     def _refit(self) -> None:
         if self._fit_dirty:
             self._fit = self._fit_surface()
@@ -659,8 +665,8 @@ class CycleTimeSurface:
         sequences; None where the roofline is not fitted, fits its points worse than
         TOKEN_EQUIVALENCE_REL_ERR, or the profile is adaptive (its tokens move)."""
         spec = self.specs[profile]
-        curve = self.forward_curve()
-        if spec.adaptive or curve is None or curve.rel_rms > TOKEN_EQUIVALENCE_REL_ERR:
+        curve = self.usable_curve()
+        if spec.adaptive or curve is None:
             return None
         n = max(int(spec.draft_tokens), 1)
         return curve.at(batch, n, spec.speculative) - curve.at(b0, n, spec.speculative)
@@ -876,8 +882,8 @@ class CycleTimeSurface:
         # The donor's shape band (where r B lies between or beyond its data) moves with it.
         lo, hi = own.interval(var + floor * floor)
         lo, hi = max(mean * 1e-3, lo + shift), hi + shift
-        curve = self.forward_curve()
-        if own.how != "bucket" and curve is not None and curve.rel_rms <= TOKEN_EQUIVALENCE_REL_ERR:
+        curve = self.usable_curve()
+        if own.how != "bucket" and curve is not None:
             # Between or beyond the donor's served sizes its own points give a chord or a
             # straight continuation; the roofline through every profile's points knows where
             # the forward saturates (experts all loaded) or turns compute-bound. It centres the
