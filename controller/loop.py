@@ -44,7 +44,7 @@ from controller.actuators import Actuator, Funnel, SwitchOutcome, SwitchResult
 from controller.clock import Clock
 from controller.metrics import ControllerMetrics
 from controller.observe import ObserveError, scrape
-from controller.settings import Settings, policy_settings
+from controller.settings import Settings, policy_settings, routing_from
 from policies import decide as policy
 from policies.hybrid_decide import rewrites_table
 from policies.observation import diff
@@ -123,7 +123,7 @@ class Controller:
                 "model routing: %d experts, top-%d (from %s)",
                 self.psettings.moe_experts,
                 self.psettings.moe_topk,
-                "[policy]" if "moe_experts" in settings.policy else "the model's config.json",
+                routing_from(settings, self.psettings.moe_experts),
             )
         self.mode: Mode = settings.controller.mode
         self.funnel = Funnel(actuator, lambda: self.mode)
@@ -1034,11 +1034,7 @@ class Controller:
         view: dict[str, Any] = {
             "moe_experts": ps.moe_experts,
             "moe_topk": ps.moe_topk,
-            "routing_from": (
-                "[policy]"
-                if "moe_experts" in self.settings.policy
-                else ("config.json" if ps.moe_experts else None)
-            ),
+            "routing_from": routing_from(self.settings, ps.moe_experts),
             "roofline": None,
         }
         cycle = self.state.model.cycle if self.state is not None else None

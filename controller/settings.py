@@ -464,14 +464,16 @@ def settings_from_dict(raw: Mapping[str, Any], *, source: str = "<config>") -> S
         except ValueError as e:
             raise ConfigError(f"{source}: profiles.{name}.flags: {e}") from None
     try:
-        policy_settings(settings)
+        policy_settings(settings, read_routing=False)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{source}: policy: {e}") from None
     return settings
 
 
-def policy_settings(settings: Settings) -> Any:
-    """policies.decide.PolicySettings with the [policy] overrides applied (unknown key -> error)."""
+def policy_settings(settings: Settings, read_routing: bool = True) -> Any:
+    """policies.decide.PolicySettings with the [policy] overrides applied (unknown key -> error).
+    Where [policy] gives no MoE routing, it is read from the model's config.json
+    (`model_routing`) unless `read_routing` is False (validating the file needs no model)."""
     import dataclasses
 
     from policies.decide import PolicySettings
@@ -483,11 +485,19 @@ def policy_settings(settings: Settings) -> Any:
             raise ValueError(f"unknown key {key!r} (known: {', '.join(sorted(known))})")
         _check_policy_value(key, value, getattr(defaults, key))
     values = dict(settings.policy)
-    if "moe_experts" not in values and "moe_topk" not in values:
+    if read_routing and routing_from(settings) is None:
         routing = model_routing(settings)
         if routing is not None:
             values.update(moe_experts=routing.experts, moe_topk=routing.topk)
     return PolicySettings(**values)
+
+
+def routing_from(settings: Settings, experts: int = 0) -> str | None:
+    """Where the MoE routing in force came from: "[policy]" when the file sets it, else
+    "config.json" when `experts` (the settings in force) says one was read, else None."""
+    if "moe_experts" in settings.policy or "moe_topk" in settings.policy:
+        return "[policy]"
+    return "config.json" if experts else None
 
 
 def model_routing(settings: Settings) -> Any:

@@ -298,7 +298,7 @@ class CycleTimeSurface:
         self._fit_dirty = True
         self.set_expert_share(expert_share)
         self._steps_since_fit = 0.0
-        self._fit_members: tuple[str, ...] = ()
+        self._fit_members: tuple[tuple[str, int | None], ...] = ()
 
     # -- data in
     def update(
@@ -368,11 +368,11 @@ class CycleTimeSurface:
             self._fit_dirty = True
         return ratio
 
-    def _members(self) -> tuple[str, ...]:
-        """The profiles with enough data, and their batch buckets with enough: a new member or
-        a newly served batch size is new shape, whatever its share of the steps."""
-        return tuple(p for p in self.stats if self.has_data(p)) + tuple(
-            f"{p}@{k}"
+    def _members(self) -> tuple[tuple[str, int | None], ...]:
+        """The profiles with enough data (bucket None), and their batch buckets with enough: a
+        new member or a newly served batch size is new shape, whatever its share of the steps."""
+        return tuple((p, None) for p in self.stats if self.has_data(p)) + tuple(
+            (p, k)
             for p, bs in self.buckets.items()
             for k, st in sorted(bs.items())
             if self._bucket_has_data(st)
@@ -1458,7 +1458,46 @@ class AcceptLength:
 # Traffic: concurrency and workload mix
 
 
-class Concurrency:
+class _RecentWindows:
+    """What the traffic estimators (Concurrency, WorkloadMix) share: the last RECENT_WINDOWS
+    windows kept as they came, as (t_s, window_s, *what the window added), and `rebase`, which
+    restarts the estimate from the windows since a detected change. Each estimator supplies
+    `_absorb` (one window in, forgetting the rest), `discount`, and `_set_aside` /
+    `_add_back` (its forgotten sums taken out, zeroed, and added back)."""
+
+    recent: list[tuple[Any, ...]]
+
+    def _absorb(self, window_s: float, *added: Any) -> None:
+        raise NotImplementedError
+
+    def discount(self, factor: float) -> None:
+        raise NotImplementedError
+
+    def _set_aside(self) -> Any:
+        raise NotImplementedError
+
+    def _add_back(self, old: Any) -> None:
+        raise NotImplementedError
+
+    def _remember(self, t_s: float, window_s: float, *added: Any) -> None:
+        self.recent = [*self.recent[-(RECENT_WINDOWS - 1) :], (t_s, window_s, *added)]
+
+    def rebase(self, t_s: float, factor: float) -> int:
+        """A detected change whose first window ended at `t_s`: the estimate is that of the
+        windows since (a uniform discount would leave it where it was, a blend of two regimes,
+        until more windows came), with `factor` of the older data left as a trace. Returns how
+        many windows it now rests on."""
+        since = [r[1:] for r in self.recent if r[0] >= t_s - 1e-9]
+        self.discount(factor)
+        if since:
+            old = self._set_aside()
+            for window_s, *added in since:
+                self._absorb(window_s, *added)
+            self._add_back(old)
+        return len(since)
+
+
+class Concurrency(_RecentWindows):
     """Batch size being served: step-weighted mean of the moments' batch sizes per window
     (sum_bs / n_steps), else the running-requests gauge; forgotten with a short half-life so it
     describes the traffic now. The last RECENT_WINDOWS windows are kept as they came, so a
@@ -1487,7 +1526,7 @@ class Concurrency:
             return None
         self._absorb(obs.window_s, b)
         self.last_t_s = obs.t_s
-        self.recent = [*self.recent[-(RECENT_WINDOWS - 1) :], (obs.t_s, obs.window_s, b)]
+        self._remember(obs.t_s, obs.window_s, b)
         return b
 
     def _absorb(self, window_s: float, b: float) -> None:
@@ -1504,21 +1543,14 @@ class Concurrency:
         self.w *= f
         self.wb *= f
 
-    def rebase(self, t_s: float, factor: float) -> int:
-        """A detected concurrency change whose first window ended at `t_s`: the estimate is
-        that of the windows since (a uniform discount would leave it where it was, a blend of
-        two regimes, until more windows came), with `factor` of the older ones left as a trace.
-        Returns how many windows it now rests on."""
-        since = [(w, b) for t, w, b in self.recent if t >= t_s - 1e-9]
-        self.discount(factor)
-        if since:
-            old_w, old_wb = self.w, self.wb
-            self.w = self.wb = 0.0
-            for w, b in since:
-                self._absorb(w, b)
-            self.w += old_w
-            self.wb += old_wb
-        return len(since)
+    def _set_aside(self) -> tuple[float, float]:
+        old = (self.w, self.wb)
+        self.w = self.wb = 0.0
+        return old
+
+    def _add_back(self, old: tuple[float, float]) -> None:
+        self.w += old[0]
+        self.wb += old[1]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -1537,7 +1569,7 @@ class Concurrency:
         return obj
 
 
-class WorkloadMix:
+class WorkloadMix(_RecentWindows):
     """Generated-token share per workload over recent windows (profile-independent: a request
     produces the same tokens whatever the speculation), and the finished requests behind them
     (forgotten alike: how precisely the shares are known). The last RECENT_WINDOWS windows are
@@ -1570,7 +1602,7 @@ class WorkloadMix:
         if adds:
             self.counts_requests = counted
         self._absorb(obs.window_s, adds, req)
-        self.recent = [*self.recent[-(RECENT_WINDOWS - 1) :], (obs.t_s, obs.window_s, adds, req)]
+        self._remember(obs.t_s, obs.window_s, adds, req)
 
     def _absorb(self, window_s: float, adds: Mapping[str, float], requests: float) -> None:
         lam = decay(window_s, self.half_life_s)
@@ -1588,22 +1620,15 @@ class WorkloadMix:
         self.tokens = {k: v * f for k, v in self.tokens.items()}
         self.requests *= f
 
-    def rebase(self, t_s: float, factor: float) -> int:
-        """A detected mix change whose first window ended at `t_s`: the shares are those of the
-        windows since (a uniform discount leaves the shares where they were, a blend of two
-        regimes, until more windows came), with `factor` of the older tokens left as a trace.
-        Returns how many windows they now rest on."""
-        since = [(w, adds, req) for t, w, adds, req in self.recent if t >= t_s - 1e-9]
-        self.discount(factor)
-        if since:
-            old, old_req = self.tokens, self.requests
-            self.tokens, self.requests = {}, 0.0
-            for w, adds, req in since:
-                self._absorb(w, adds, req)
-            for k, v in old.items():
-                self.tokens[k] = self.tokens.get(k, 0.0) + v
-            self.requests += old_req
-        return len(since)
+    def _set_aside(self) -> tuple[dict[str, float], float]:
+        old = (self.tokens, self.requests)
+        self.tokens, self.requests = {}, 0.0
+        return old
+
+    def _add_back(self, old: tuple[dict[str, float], float]) -> None:
+        for k, v in old[0].items():
+            self.tokens[k] = self.tokens.get(k, 0.0) + v
+        self.requests += old[1]
 
     def shares(self) -> dict[str, float]:
         tot = sum(self.tokens.values())
