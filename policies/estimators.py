@@ -882,15 +882,50 @@ class CycleTimeSurface:
         # The donor's shape band (where r B lies between or beyond its data) moves with it.
         lo, hi = own.interval(var + floor * floor)
         lo, hi = max(mean * 1e-3, lo + shift), hi + shift
+        # Better centres than the donor's, where there is one (the band the donor's data and
+        # the physics allow stays: a model of the shape, however well it fits, is not data
+        # where none was). Two other chains that served this very batch size are data at it;
+        # and between or beyond the donor's served sizes, where its own points give only a
+        # chord or a straight continuation, the roofline through every profile's points.
+        sib = self._sibling_line(q, batch)
         curve = self.usable_curve()
-        if own.how != "bucket" and curve is not None:
-            # Between or beyond the donor's served sizes its own points give a chord or a
-            # straight continuation; the roofline through every profile's points knows where
-            # the forward saturates (experts all loaded) or turns compute-bound. It centres the
-            # band the donor's data and the physics allow (the band stays: a model of the
-            # shape, however well it fits the points served, is not data where none was).
+        if sib is not None:
+            mean = min(max(sib, lo), hi)
+        elif own.how != "bucket" and curve is not None:
+            # The roofline through every profile's points knows where the forward saturates
+            # (experts all loaded) or turns compute-bound.
             mean = min(max(curve.at(batch, nq, True) + (nq - np_) * d0_max / 2.0, lo), hi)
         return Estimate(mean, lo, hi, 0.0)
+
+    def _sibling_line(self, q: ProfileSpec, batch: float) -> float | None:
+        """A never-run chain's cycle at `batch` read across two other fixed chains that
+        served this batch size (its bucket), along their line in draft tokens per sequence:
+        each draft step adds one step of the drafter and one token of the verify, so at a
+        fixed batch size the cycle grows with the chain about linearly, and the speculative
+        overheads a baseline lacks are in both points. The nearest chain on each side of q
+        (interpolation), else the two nearest on one side; the slope is never negative (a
+        longer chain never costs less). None without two such chains."""
+        nq = int(q.draft_tokens)
+        pts: dict[int, float] = {}
+        for name, sp in self.specs.items():
+            n = int(sp.draft_tokens)
+            if name == q.name or not sp.speculative or sp.adaptive or n <= 1 or n == nq:
+                continue
+            own = self._own_predict(name, batch)
+            if own is not None and own.how == "bucket":
+                pts[n] = min(pts.get(n, own.mean), own.mean)
+        below = sorted((n for n in pts if n < nq), reverse=True)
+        above = sorted(n for n in pts if n > nq)
+        if below and above:
+            n0, n1 = below[0], above[0]
+        elif len(above) >= 2:
+            n0, n1 = above[0], above[1]
+        elif len(below) >= 2:
+            n0, n1 = below[1], below[0]
+        else:
+            return None
+        slope = max((pts[n1] - pts[n0]) / (n1 - n0), 0.0)
+        return pts[n0] + slope * (nq - n0)
 
     def _per_sequence_slope(
         self, donor_pts: Sequence[tuple[float, float, float, int]], base: str, n_p: int

@@ -14,7 +14,7 @@ from policies.estimators import (
     ThroughputModel,
     WorkloadMix,
 )
-from policies.types import DecodeMoments, Observation, WorkloadWindow
+from policies.types import DecodeMoments, Observation, ProfileSpec, WorkloadWindow
 from tests.policies.synth import BASE, E2, E5, PROFILES, Cost, Synth
 
 ALPHAS = {"chat": 0.65, "code": 0.85}
@@ -473,3 +473,32 @@ def test_a_mix_read_off_few_requests_widens_the_accept_length_interval() -> None
     m.mix.counts_requests = False
     blind = m.predict("eagle2", batch=8)
     assert blind.accept_length == given.accept_length
+
+
+def test_a_never_run_chain_is_read_across_two_chains_that_served_its_batch_size() -> None:
+    """One stream, 3- and 5-step served, 2- and 4-step never run: at a fixed batch size each
+    draft step adds a drafter step and a verify token, so the cycle grows with the chain about
+    linearly and the speculative overhead the baseline lacks is in both points. Read off the
+    nearest chain alone, 2-step sits at 3/4 of a stream, below anything served: the donor's
+    guessed slope put it 7% low (the field's tuned Kimi; stress z7). Across the two chains it
+    is their line: continued for 2-step, the chord for 4-step, both inside their bands."""
+    e3 = ProfileSpec("eagle3", num_steps=3, draft_tokens=4, algorithm="EAGLE3")
+    e4 = ProfileSpec("eagle4", num_steps=4, draft_tokens=5, algorithm="EAGLE3")
+
+    def cycle(n: int) -> float:  # baseline 11.2 ms; a chain: 4 ms of overhead, 1.5 ms a step
+        return 0.0112 if n == 1 else 0.0152 + 0.0015 * (n - 1)
+
+    surf = CycleTimeSurface([BASE, E2, e3, e4, E5], min_windows=3)
+    _feed_exact(surf, "baseline", lambda b: cycle(1), (1.0,))
+    _feed_exact(surf, "eagle3", lambda b: cycle(4), (1.0,))
+    _feed_exact(surf, "eagle5", lambda b: cycle(6), (1.0,))
+    for name, n in (("eagle2", 3), ("eagle4", 5)):
+        e = surf.estimate(name, 1.0)
+        assert e is not None and inside(e, cycle(n)), (name, e)
+        assert e.mean == pytest.approx(cycle(n), rel=0.01), (name, e)
+    # With one chain served there is no line: the donor's reading stands.
+    alone = CycleTimeSurface([BASE, E2, e3, e4, E5], min_windows=3)
+    _feed_exact(alone, "baseline", lambda b: cycle(1), (1.0,))
+    _feed_exact(alone, "eagle3", lambda b: cycle(4), (1.0,))
+    e = alone.estimate("eagle2", 1.0)
+    assert e is not None and e.mean < 0.97 * cycle(3)
