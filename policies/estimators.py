@@ -37,7 +37,7 @@ from policies.chain import (
     predict_from_mean,
     truncated_accept_estimate,
 )
-from policies.forward_cost import ForwardCurve, ForwardPoint, fit_forward_curve
+from policies.forward_cost import ForwardCurve, ForwardPoint, fit_forward_curve, line_pair
 from policies.types import (
     UNLABELLED,
     DecodeMoments,
@@ -914,16 +914,10 @@ class CycleTimeSurface:
             own = self._own_predict(name, batch)
             if own is not None and own.how == "bucket":
                 pts[n] = min(pts.get(n, own.mean), own.mean)
-        below = sorted((n for n in pts if n < nq), reverse=True)
-        above = sorted(n for n in pts if n > nq)
-        if below and above:
-            n0, n1 = below[0], above[0]
-        elif len(above) >= 2:
-            n0, n1 = above[0], above[1]
-        elif len(below) >= 2:
-            n0, n1 = below[1], below[0]
-        else:
+        pair = line_pair(pts, nq)
+        if pair is None:
             return None
+        n0, n1 = pair
         slope = max((pts[n1] - pts[n0]) / (n1 - n0), 0.0)
         return pts[n0] + slope * (nq - n0)
 

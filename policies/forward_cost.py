@@ -1,7 +1,9 @@
 """The forward-cost curve: what one target forward of B sequences x n tokens each costs, as a
 roofline fitted over every fixed profile's served batch sizes at once.
 
-Owns `ForwardCurve` and `fit_forward_curve`. `policies.estimators.CycleTimeSurface` centres on
+Owns `ForwardCurve` and `fit_forward_curve`, and `line_pair`: which two known chain lengths a
+cost is read across at one batch size (the surface for a never-run chain, the hybrid tables for
+a tier no fixed profile has). `policies.estimators.CycleTimeSurface` centres on
 this curve its prediction of a profile never run (off the donor's served sizes), and of a run
 profile past its own largest served batch size, where a straight continuation of one profile's
 points would cross a bend it cannot see (issue 4: a 5-step at 48 streams is a 288-token forward
@@ -36,7 +38,7 @@ Must not: do I/O, read a clock, or know profiles by name.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -91,6 +93,22 @@ class ForwardCurve:
         t = batch * tokens
         mem = m0 + m1 * float(expert_coverage(t, self.expert_share))
         return a + (c if speculative else 0.0) + max(mem, k * t) + kv * batch
+
+
+def line_pair(known: Iterable[int], x: int) -> tuple[int, int] | None:
+    """The two known chain lengths (a < b, neither x) whose line reads the cost at length x:
+    the nearest on each side of x (interpolation), else the two nearest on x's one side (the
+    end secant continued); None with fewer than two."""
+    ks = sorted(set(known) - {x})
+    below = [k for k in ks if k < x]
+    above = [k for k in ks if k > x]
+    if below and above:
+        return below[-1], above[0]
+    if len(above) >= 2:
+        return above[0], above[1]
+    if len(below) >= 2:
+        return below[-2], below[-1]
+    return None
 
 
 def _design(points: Sequence[ForwardPoint], share: float) -> tuple[np.ndarray, np.ndarray]:

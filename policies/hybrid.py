@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from policies.chain import Z90, alpha_from_accept_length
+from policies.forward_cost import line_pair
 from policies.types import Estimate, ProfileSpec
 
 # SGLang's per-slot defaults (adaptive_spec_params.py).
@@ -885,24 +886,11 @@ def tier_cycle_from(
             return Estimate(mean, max(mean - half, 1e-9), mean + half, base.n)
         if g in known:
             return known[g]
-        ks = sorted(known)
-        if not ks:
-            return None
-        if len(ks) == 1:
+        pair = line_pair(known, g)
+        if pair is None:
             return None  # one tier says nothing of how the cycle grows with steps
-        lower = [k for k in ks if k < g]
-        upper = [k for k in ks if k > g]
-        if lower and upper:
-            a, b = lower[-1], upper[0]
-            dist = 0
-        elif lower:
-            a, b = lower[-2] if len(lower) > 1 else lower[-1], lower[-1]
-            if a == b:
-                return None
-            dist = g - b
-        else:
-            a, b = upper[0], upper[1]
-            dist = a - g
+        a, b = pair
+        dist = max(g - b, a - g, 0)
         ea, eb = known[a], known[b]
         w = (g - a) / (b - a)
         mean = ea.mean + w * (eb.mean - ea.mean)

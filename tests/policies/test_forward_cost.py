@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from policies.decide import PolicySettings, decide, initial_state
 from policies.estimators import CycleTimeSurface
-from policies.forward_cost import ForwardCurve, ForwardPoint, expert_coverage, fit_forward_curve
+from policies.forward_cost import (
+    ForwardCurve,
+    ForwardPoint,
+    expert_coverage,
+    fit_forward_curve,
+    line_pair,
+)
 from policies.types import DecodeMoments, Overrides, ProfileSpec
 
 BATCHES = (1, 4, 16, 48)
@@ -192,3 +198,11 @@ def test_a_newly_served_batch_size_refits_however_few_its_steps() -> None:
         surf.update("e2", m, 1e4 + 10.0 * i, 10.0)
     after = surf.forward_curve()
     assert after is not None and after.n_points == 9
+
+
+def test_a_cost_is_read_across_the_nearest_chains_on_each_side_else_one_side() -> None:
+    assert line_pair([2, 5], 3) == (2, 5)  # between: interpolated
+    assert line_pair([3, 5, 7], 2) == (3, 5)  # below all: the two nearest, continued
+    assert line_pair([1, 3, 5], 7) == (3, 5)  # above all
+    assert line_pair([3, 5], 5) is None  # x itself is not a second length
+    assert line_pair([4], 2) is None
