@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,20 +27,25 @@ from controller.clock import Clock
 log = logging.getLogger(__name__)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
     """A port nothing listens on now (the OS picks it; a race with another binder is possible,
     which is why launches still check that their port came up)."""
-    return free_ports(1, host)[0]
+    return free_ports(1, host, avoid)[0]
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """`n` distinct ports nothing listens on now: each stays bound until all are picked, so the
-    OS cannot hand one out twice (n calls of free_port can)."""
+def free_ports(n: int, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> list[int]:
+    """`n` distinct ports nothing listens on now and none in `avoid` (ports promised to servers
+    that are not up yet): each stays bound until all are picked, so the OS cannot hand one out
+    twice (n calls of free_port can)."""
     with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
+        picked: list[int] = []
+        while len(picked) < n:
+            s = stack.enter_context(socket.socket())
             s.bind((host, 0))
-        return [int(s.getsockname()[1]) for s in socks]
+            port = int(s.getsockname()[1])
+            if port not in avoid:
+                picked.append(port)
+        return picked
 
 
 PATH_READY = "/ready"

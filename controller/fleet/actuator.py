@@ -116,7 +116,11 @@ class FleetActuator:
             for i in range(fleet.replicas)
         ]
         self.router = RouterClient(client, fleet.router.base_url, clock, fleet.router.api_key)
-        self.router_proc = RouterProcess(fleet.router) if fleet.router.owned else None
+        self.router_proc = (
+            RouterProcess(fleet.router, reserved=fleet.replica_ports())
+            if fleet.router.owned
+            else None
+        )
         self.log = FleetLog()
         self._lock = asyncio.Lock()
 
@@ -150,10 +154,14 @@ class FleetActuator:
                     log.error(
                         "the router (pid %s) exited: relaunching it", self.router_proc.proc.pid
                     )
-                self.router_proc.launch()
+                proc = self.router_proc
+                proc.launch()
                 timeout = self.fleet.router.start_timeout_s * self._scale()
-                if not await self.router.wait_alive(timeout):
+                if not await self.router.wait_alive(timeout, gone=lambda: not proc.running()):
+                    if not proc.running():
+                        log.error("%s", proc.launch_failed())
                     return False
+                proc.failure = ""
         elif not await self.router.alive():
             return False
         try:
@@ -161,6 +169,11 @@ class FleetActuator:
         except RouterUnavailable:
             return False
         return True
+
+    def _router_failure(self) -> str:
+        """Why the router we launch does not come up, for an error message ("" when unknown)."""
+        failure = self.router_proc.failure if self.router_proc is not None else ""
+        return f" ({failure})" if failure else ""
 
     async def wait_router(self) -> bool:
         """Wait (at most router.wait_timeout_s) until the router answers; relaunch ours."""
@@ -241,7 +254,8 @@ class FleetActuator:
                 None,
                 profile,
                 0.0,
-                error=f"router {self.router.base_url} unavailable: nothing started",
+                error=f"router {self.router.base_url} unavailable: nothing started"
+                + self._router_failure(),
             )
         async with self._lock:
             results = await asyncio.gather(*(r.actuator.start(profile) for r in self.replicas))
@@ -302,7 +316,8 @@ class FleetActuator:
                 profile,
                 0.0,
                 error=f"router {self.router.base_url} unavailable for "
-                f"{self.fleet.router.wait_timeout_s:g} s: no replica touched",
+                f"{self.fleet.router.wait_timeout_s:g} s: no replica touched"
+                + self._router_failure(),
             )
         if self._lock.locked():
             return SwitchResult(

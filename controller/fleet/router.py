@@ -22,7 +22,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,11 +159,12 @@ class RouterClient:
         scale = float(getattr(self.clock, "time_scale", 1.0)) or 1.0
         await self.clock.sleep(_POLL_REAL_S * scale)
 
-    async def wait_alive(self, timeout_s: float) -> bool:
-        """Wait (server time) until the router answers; False at the deadline."""
+    async def wait_alive(self, timeout_s: float, gone: Callable[[], bool] = lambda: False) -> bool:
+        """Wait (server time) until the router answers; False at the deadline, or as soon as
+        `gone()` says no router is coming (the process launched for it exited)."""
         deadline = self.clock.monotonic() + timeout_s
         while not await self.alive():
-            if self.clock.monotonic() >= deadline:
+            if gone() or self.clock.monotonic() >= deadline:
                 return False
             scale = float(getattr(self.clock, "time_scale", 1.0)) or 1.0
             await self.clock.sleep(min(0.5 * scale, max(0.0, deadline - self.clock.monotonic())))
@@ -200,12 +201,17 @@ def router_argv(rs: RouterSettings, worker_urls: list[str], prometheus_port: int
 
 class RouterProcess:
     """A router specpilot launched: its own session (signals to specpilot do not reach it), its
-    output in a file. Not restarted here: FleetActuator decides when."""
+    output in a file. Not restarted here: FleetActuator decides when. A Prometheus port picked
+    here (prometheus_port 0) stays the same across relaunches, unless a launch exited before the
+    router answered (the port may be what it could not bind): the next launch picks another,
+    never one of `reserved` (the replicas' ports, whose servers may not be up yet)."""
 
-    def __init__(self, rs: RouterSettings) -> None:
+    def __init__(self, rs: RouterSettings, reserved: Collection[int] = ()) -> None:
         self.rs = rs
         self.proc: subprocess.Popen[bytes] | None = None
         self.prometheus_port = rs.prometheus_port
+        self.reserved = frozenset(reserved) | {rs.port}
+        self.failure = ""  # why the last launch exited before it answered; "" when none did
 
     @property
     def pid(self) -> int | None:
@@ -217,7 +223,7 @@ class RouterProcess:
     def launch(self) -> None:
         if self.running():
             return
-        port = self.prometheus_port or free_port(self.rs.host)
+        port = self.prometheus_port or free_port(self.rs.host, self.reserved)
         self.prometheus_port = port
         argv = router_argv(self.rs, [], port)
         out: Any = subprocess.DEVNULL
@@ -239,6 +245,18 @@ class RouterProcess:
                 out.close()
         log.info("started the router as pid %d: %s", self.proc.pid, " ".join(argv))
 
+    def launch_failed(self) -> str:
+        """Record that the launched router exited before it answered, and say why: its exit code
+        and the last line of its log. A picked Prometheus port is given up."""
+        code = self.proc.poll() if self.proc is not None else None
+        self.failure = f"the router launched on port {self.rs.port} exited with code {code}"
+        tail = _last_line(self.rs.log_file)
+        if tail:
+            self.failure += f": {tail}"
+        if not self.rs.prometheus_port:
+            self.prometheus_port = 0
+        return self.failure
+
     async def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `timeout_s` real seconds (the router would otherwise wait
         its shutdown grace period for requests in flight)."""
@@ -257,3 +275,17 @@ class RouterProcess:
                     os.killpg(proc.pid, signal.SIGKILL)
                 await asyncio.to_thread(proc.wait, timeout_s)
         self.proc = None
+
+
+def _last_line(path: str, limit: int = 4096) -> str:
+    """The last non-blank line of a log file (its last `limit` bytes); "" without one."""
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    return next((ln.strip() for ln in reversed(lines) if ln.strip()), "")

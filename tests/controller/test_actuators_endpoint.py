@@ -178,3 +178,27 @@ def test_free_ports_are_distinct_and_free() -> None:
     for p in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))  # nothing holds it any more
+
+
+def test_free_ports_skip_reserved_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port promised to a replica that is not up yet is never handed out (the router's
+    metrics port is picked before the replicas start)."""
+    from controller.actuators import endpoint
+
+    handed = iter([41000, 41001, 41002, 41003])
+
+    class FakeSocket:
+        def __enter__(self) -> FakeSocket:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def bind(self, addr: tuple[str, int]) -> None:
+            self.port = next(handed)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(endpoint.socket, "socket", FakeSocket)
+    assert endpoint.free_ports(2, avoid={41000, 41002}) == [41001, 41003]

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ import pytest
 
 pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip extra 'fleet')")
 
+from controller.actuators.base import SwitchOutcome
 from controller.clock import ScaledClock
 from controller.fleet import controller as fleet_controller
 from controller.fleet.actuator import FleetActuator
@@ -247,6 +249,61 @@ async def test_a_launched_router_that_dies_is_relaunched(tmp_path: Path) -> None
         assert act.log.router_relaunches == 1
         workers = await act.router.workers()
         assert sorted(w.url for w in workers) == sorted(r.url for r in act.replicas)
+
+
+async def test_a_router_that_exits_at_launch_is_relaunched_on_another_metrics_port(
+    tmp_path: Path,
+) -> None:
+    """The Prometheus port picked for the router was taken before it bound it (another process
+    got it from the OS in between): the router exits at once. specpilot sees the exit (it does
+    not wait out start_timeout_s), picks another port and launches again."""
+    settings, fleet = _settings(tmp_path, 2)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+        act = FleetActuator(settings, fleet, ScaledClock(SPEED), client)
+        assert act.router_proc is not None
+        act.router_proc.prometheus_port = taken.getsockname()[1]
+        try:
+            t0 = time.monotonic()
+            res = await act.start("baseline")
+            assert res.ok, res.error
+            assert time.monotonic() - t0 < 30.0
+            assert act.router_proc.prometheus_port not in (taken.getsockname()[1], 0)
+            assert act.router_proc.prometheus_port not in act.fleet.replica_ports()
+            assert act.log.router_relaunches == 1
+            assert "Address already in use" in (tmp_path / "router.log").read_text()
+        finally:
+            taken.close()
+            await act.shutdown()
+
+
+async def test_a_router_that_cannot_start_says_why_and_starts_nothing(tmp_path: Path) -> None:
+    """A configured Prometheus port that is taken: every launch exits. Nothing is started, and
+    the error says what the router said."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    settings, fleet = _settings(tmp_path, 2)
+    fleet = fleet.model_copy(
+        update={"router": fleet.router.model_copy(update={"prometheus_port": port})}
+    )
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+        act = FleetActuator(settings, fleet, ScaledClock(SPEED), client)
+        try:
+            t0 = time.monotonic()
+            res = await act.start("baseline")
+            assert time.monotonic() - t0 < 30.0
+            assert not res.ok and res.outcome is SwitchOutcome.REFUSED_BUSY
+            assert res.error is not None
+            assert "exited with code 1" in res.error and "Address already in use" in res.error
+            assert act.router_proc is not None and act.router_proc.prometheus_port == port
+            assert all(r.actuator._child_pid() is None for r in act.replicas), "nothing started"
+        finally:
+            taken.close()
+            await act.shutdown()
 
 
 def test_router_binary_runs_from_this_interpreter() -> None:
