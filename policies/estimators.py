@@ -1142,7 +1142,10 @@ def cross_predictable(p: ProfileSpec, q: ProfileSpec) -> bool:
 
 class AcceptLength:
     """Accept length (drafts + bonus per verify step) per (profile, workload), plus each
-    profile's forgotten histogram of accepted drafts, and cross-profile prediction.
+    profile's forgotten histogram of accepted drafts, and cross-profile prediction. An adaptive
+    profile's accept length moves with the batch size (SGLang's rule picks its tier per batch
+    bucket), so its evidence is also kept per half-octave batch bucket (`batched`), and what it
+    says at a batch size comes from the windows served there alone.
 
     From counters: L = (generation_tokens - requests) / verify_calls over finished requests
     (each request's first token comes from prefill, not from a verify step). From histograms:
@@ -1162,6 +1165,10 @@ class AcceptLength:
         self.min_verify = float(min_verify)
         self.min_hist_steps = float(min_hist_steps)
         self.ratios: dict[str, dict[str, _RatioStats]] = {p.name: {} for p in profiles}
+        # Adaptive profiles only: profile -> batch bucket -> workload -> stats.
+        self.batched: dict[str, dict[int, dict[str, _RatioStats]]] = {
+            p.name: {} for p in profiles if p.adaptive
+        }
         self.hists: dict[str, _HistStats] = {p.name: _HistStats() for p in profiles}
         # Derived, not persisted: per profile (steps added since, L_g of the histogram itself,
         # {g': (mean, low, high)}) so truncation/tail fits are not redone every window.
@@ -1210,6 +1217,10 @@ class AcceptLength:
         # workload is not a change in acceptance (with a mix, that noise dominates the raw
         # all-workload ratio: ~15% per 10 s window at 16 streams).
         ref = self.estimate(obs.profile, AGGREGATE)
+        wb = Concurrency.window_batch(obs) if spec.adaptive else None
+        by_b = (
+            self.batched[obs.profile].setdefault(batch_bucket(wb), {}) if wb is not None else None
+        )
         tot_g = tot_r = tot_v = 0.0
         exp_v = cov_acc = cov_v = 0.0
         for w in obs.workloads:
@@ -1217,6 +1228,16 @@ class AcceptLength:
                 continue
             pre = self.estimate(obs.profile, w.workload) if w.workload in per else None
             st = per.setdefault(w.workload, _RatioStats())
+            if by_b is not None:
+                self._add_ratio(
+                    by_b.setdefault(w.workload, _RatioStats()),
+                    w.generation_tokens,
+                    w.requests,
+                    w.verify_calls,
+                    g,
+                    obs.t_s,
+                    lam,
+                )
             if self._add_ratio(
                 st, w.generation_tokens, w.requests, w.verify_calls, g, obs.t_s, lam
             ):
@@ -1232,6 +1253,9 @@ class AcceptLength:
         if tot_v > 0:
             st = per.setdefault(AGGREGATE, _RatioStats())
             agg = self._add_ratio(st, tot_g, tot_r, tot_v, g, obs.t_s, lam)
+            if by_b is not None:
+                st = by_b.setdefault(AGGREGATE, _RatioStats())
+                self._add_ratio(st, tot_g, tot_r, tot_v, g, obs.t_s, lam)
         h = obs.accepted_drafts_hist
         if h is not None and not spec.adaptive and len(h) == spec.num_steps + 1:
             arr = [float(x) for x in h]
@@ -1264,11 +1288,12 @@ class AcceptLength:
         plus the evidence pooled over workloads (the aggregate and the histogram hold it too);
         the other workloads' levels did not move and keep their data."""
         f = min(max(factor, 0.0), 1.0)
-        for w, st in self.ratios[profile].items():
-            if workload is not None and w not in (workload, AGGREGATE):
-                continue
-            st.scale(f)
-            st.count = 0
+        for per in (self.ratios[profile], *self.batched.get(profile, {}).values()):
+            for w, st in per.items():
+                if workload is not None and w not in (workload, AGGREGATE):
+                    continue
+                st.scale(f)
+                st.count = 0
         hs = self.hists[profile]
         hs.counts = [c * f for c in hs.counts]
         self._shape.pop(profile, None)
@@ -1293,12 +1318,22 @@ class AcceptLength:
                 cache[g_prime] = extrapolated_accept_length(fit_tail(hist), g_prime)
         return lp, cache[g_prime]
 
-    def estimate(self, profile: str, workload: str = AGGREGATE) -> Estimate | None:
-        """Observed accept length of `profile` for `workload` (AGGREGATE: all workloads)."""
+    def _stats(self, profile: str, workload: str, batch: float | None) -> _RatioStats | None:
+        """The evidence for (profile, workload): for an adaptive profile with `batch`, that of
+        the windows served in batch's bucket."""
+        if batch is not None and profile in self.batched:
+            return self.batched[profile].get(batch_bucket(batch), {}).get(workload)
+        return self.ratios[profile].get(workload)
+
+    def estimate(
+        self, profile: str, workload: str = AGGREGATE, batch: float | None = None
+    ) -> Estimate | None:
+        """Observed accept length of `profile` for `workload` (AGGREGATE: all workloads); for an
+        adaptive profile with `batch`, at that batch size's bucket."""
         spec = self.specs[profile]
         if not spec.speculative or spec.num_steps < 1:
             return Estimate(1.0, 1.0, 1.0, math.inf)
-        st = self.ratios[profile].get(workload)
+        st = self._stats(profile, workload, batch)
         if st is None or st.count < self.min_windows or st.w < self.min_verify:
             return None
         g = max(spec.num_steps, max(spec.candidate_steps, default=0))
@@ -1317,8 +1352,10 @@ class AcceptLength:
             return None
         return list(hs.counts)
 
-    def last_t_s(self, profile: str, workload: str = AGGREGATE) -> float | None:
-        st = self.ratios[profile].get(workload)
+    def last_t_s(
+        self, profile: str, workload: str = AGGREGATE, batch: float | None = None
+    ) -> float | None:
+        st = self._stats(profile, workload, batch)
         return st.last_t_s if st is not None else None
 
     def has_data(self, profile: str) -> bool:
@@ -1328,12 +1365,17 @@ class AcceptLength:
         return self.estimate(profile, AGGREGATE) is not None
 
     def predict(
-        self, profile: str, workload: str = AGGREGATE, fresh_since_s: float | None = None
+        self,
+        profile: str,
+        workload: str = AGGREGATE,
+        fresh_since_s: float | None = None,
+        batch: float | None = None,
     ) -> AcceptPrediction | None:
         """Best available accept length of `profile` for `workload`: own fresh data first, then
         a fresh cross-profile prediction (truncation from a deeper chain, the tail model from a
         shallower one, the constant-alpha model when only means exist), then stale own data,
-        then stale cross predictions. Fresh = newest data at or after `fresh_since_s`."""
+        then stale cross predictions. Fresh = newest data at or after `fresh_since_s`. An
+        adaptive profile at `batch`: its own windows in that batch bucket, else None."""
         q = self.specs[profile]
         if not q.speculative or q.num_steps < 1:
             return AcceptPrediction(Estimate(1.0, 1.0, 1.0, math.inf), "baseline", None)
@@ -1341,9 +1383,9 @@ class AcceptLength:
         def fresh(t: float | None) -> bool:
             return fresh_since_s is None or (t is not None and t >= fresh_since_s)
 
-        own_e = self.estimate(profile, workload)
+        own_e = self.estimate(profile, workload, batch)
         own = (
-            AcceptPrediction(own_e, "observed", self.last_t_s(profile, workload))
+            AcceptPrediction(own_e, "observed", self.last_t_s(profile, workload, batch))
             if own_e is not None
             else None
         )
@@ -1464,6 +1506,10 @@ class AcceptLength:
             "min_hist_steps": self.min_hist_steps,
             "profiles": [_spec_to_dict(s) for s in self.specs.values()],
             "ratios": {p: {w: s.to_dict() for w, s in d.items()} for p, d in self.ratios.items()},
+            "batched": {
+                p: {str(b): {w: s.to_dict() for w, s in ws.items()} for b, ws in d.items()}
+                for p, d in self.batched.items()
+            },
             "hists": {p: h.to_dict() for p, h in self.hists.items()},
         }
 
@@ -1478,6 +1524,13 @@ class AcceptLength:
         )
         for p, ws in d["ratios"].items():
             obj.ratios[p] = {w: _RatioStats.from_dict(s) for w, s in ws.items()}
+        # States saved before the batched evidence have none: it fills from the next windows.
+        for p, bs in d.get("batched", {}).items():
+            if p in obj.batched:
+                obj.batched[p] = {
+                    int(b): {w: _RatioStats.from_dict(s) for w, s in ws.items()}
+                    for b, ws in bs.items()
+                }
         for p, h in d["hists"].items():
             obj.hists[p] = _HistStats.from_dict(h)
         return obj
@@ -1765,10 +1818,12 @@ class ThroughputModel:
         mix: Mapping[str, float],
         fresh_since_s: float | None,
         sample: tuple[float, Sequence[str]] | None = None,
+        batch: float | None = None,
     ) -> tuple[Estimate, str, float | None] | None:
         """E[L] of `profile` under a token-share mix: token-weighted harmonic mean of the
         per-workload predictions (interval ends combined end to end: conservative). Falls back
         to the profile's all-workload aggregate when a workload in the mix has no prediction.
+        `batch`: where an adaptive profile's accept length is read (its tier moves with it).
 
         `sample`: (finished requests n, workloads known) when the shares are a sample (the mix
         now). 1/L = sum s_w / L_w is then uncertain as the shares are: under their Jeffreys
@@ -1780,13 +1835,13 @@ class ThroughputModel:
         parts: list[tuple[float, AcceptPrediction]] = []
         if shares:
             for w, s in shares.items():
-                ap = self.accept.predict(profile, w, fresh_since_s)
+                ap = self.accept.predict(profile, w, fresh_since_s, batch)
                 if ap is None:
                     parts = []
                     break
                 parts.append((s, ap))
         if not parts:
-            ap = self.accept.predict(profile, AGGREGATE, fresh_since_s)
+            ap = self.accept.predict(profile, AGGREGATE, fresh_since_s, batch)
             if ap is None:
                 return None
             return ap.estimate, ap.source, ap.data_t_s
@@ -1803,7 +1858,7 @@ class ThroughputModel:
             # parts follow shares' order (every workload in the mix has a prediction here).
             inv_l = {w: 1.0 / ap.estimate.mean for w, (_, ap) in zip(shares, parts, strict=True)}
             for w in sample[1]:
-                if w not in inv_l and (ap := self.accept.predict(profile, w, fresh_since_s)):
+                if w not in inv_l and (ap := self.accept.predict(profile, w, fresh_since_s, batch)):
                     inv_l[w] = 1.0 / ap.estimate.mean
             alpha = {w: n * shares.get(w, 0.0) / tot + 0.5 for w in inv_l}
             a0 = sum(alpha.values())
@@ -1849,7 +1904,7 @@ class ThroughputModel:
         cyc = self.cycle.estimate(profile, b)
         if cyc is None and not spec.speculative:
             cyc = self.cycle.baseline_bound(b)
-        acc = self.accept_for_mix(profile, mx, fresh_since_s, sample)
+        acc = self.accept_for_mix(profile, mx, fresh_since_s, sample, b)
         base_name = self._baseline_name()
         # The break-even accept length needs the baseline's step time, not a bound on it.
         base = self.cycle.estimate(base_name, b) if base_name is not None else None

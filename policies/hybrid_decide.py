@@ -16,8 +16,9 @@ policies.decide calls:
   that `inputs` applies to the tier cycle times and `predict` to the accept length), and their
   discount at a detected change in its cycle time or acceptance or a new boot;
 - `refresh_tables`: generate each managed profile's table from the estimates now (at most every
-  `hybrid_regen_interval_s`, or at once after a change in acceptance or cycle time); a profile
-  not running takes the new table for free, the running one keeps it as a candidate;
+  `hybrid_regen_interval_s`, or at once after a change in acceptance or cycle time, and only
+  once two of its tiers are priced: `_tiers_identified`); a profile not running takes the new
+  table for free, the running one keeps it as a candidate;
 - `long_run`: when the traffic flips faster than a restart repays (MIN_FLIPS flips within
   `long_run_batch_half_life_s`: regimes of minutes, so the batch size now says little about the
   next hour and the burst rule would hold every one of them) and the histogram holds at least
@@ -626,6 +627,24 @@ def _inputs(
     return out
 
 
+def _tiers_identified(ins: Mapping[str, float | None], steps: tuple[int, ...]) -> bool:
+    """Whether a table generated from these inputs could choose: two of its tiers priced at
+    every bucket (every one it allows, when it allows fewer). With one priced tier (one chain
+    run, and no baseline data for tier 0) the cost of the others is unidentified
+    (tier_cycle_from: one chain says nothing of how the cycle grows with steps), and the table
+    would hold that tier alone: the fixed profile under another name, predicted as exactly
+    that, so neither a switch nor an exploration would ever try the tiers SGLang's rule could
+    use. Until then the launch table stays as it is (the seed: SGLang's own default within the
+    allowed steps) and, unpriced, is explored like any profile never run."""
+    want = min(2, len(steps))
+    priced: dict[str, int] = {}
+    for k, v in ins.items():
+        if k.startswith("cycle:"):
+            _, b, _g = k.split(":")
+            priced[b] = priced.get(b, 0) + (v is not None)
+    return all(n >= want for n in priced.values())
+
+
 def _moved(old: Mapping[str, float | None] | None, new: Mapping[str, float | None]) -> bool:
     """Whether the inputs moved enough to regenerate: a distance from the last generation's
     inputs, not a rounding of them (with tens of inputs, some rounding boundary is crossed by
@@ -669,7 +688,7 @@ def refresh_tables(state: PolicyState, now_s: float, s: PolicySettings) -> None:
         steps = tuple(spec.candidate_steps or DEFAULT_CANDIDATES)
         ins = _inputs(am, cyc, steps, s.hybrid_max_running_requests)
         hs.last_look_s, hs.look_model_change_s = float(now_s), state.last_model_change_s
-        if not _moved(t.get("inputs"), ins):
+        if not _moved(t.get("inputs"), ins) or not _tiers_identified(ins, steps):
             continue
         t["inputs"] = ins
         t.pop("fingerprint", None)  # states saved with the rounded fingerprint

@@ -131,6 +131,52 @@ def test_accept_length_corrects_for_the_prefill_token() -> None:
     assert e is not None and e.mean == pytest.approx(2.0)
 
 
+def test_an_adaptive_profiles_accept_length_is_read_where_it_served() -> None:
+    """SGLang's rule runs a deep tier at two streams and tier 0 at 64: one accept length per
+    workload would be neither. At a batch size the profile served, its windows there say; at
+    one it did not, nothing does; the aggregate and per-workload levels are kept as before."""
+    hyb = ProfileSpec(
+        "hyb",
+        num_steps=1,
+        draft_tokens=2,
+        algorithm="EAGLE3",
+        adaptive=True,
+        candidate_steps=(0, 1, 3, 5),
+    )
+    a = AcceptLength([hyb], min_windows=3, min_verify=100)
+    t = 0.0
+    for batch, L in ((2.0, 4.0), (64.0, 1.0)):
+        for _ in range(10):
+            t += 10.0
+            # 10 requests, 200 verify steps at accept length L.
+            a.update(
+                Observation(
+                    t_s=t,
+                    window_s=10.0,
+                    profile="hyb",
+                    running_reqs=batch,
+                    workloads=(WorkloadWindow("chat", 200.0 * L + 10.0, 200.0, 10.0),),
+                )
+            )
+    at2, at64 = a.estimate("hyb", "chat", 2.0), a.estimate("hyb", "chat", 64.0)
+    assert at2 is not None and at2.mean == pytest.approx(4.0)
+    assert at64 is not None and at64.mean == pytest.approx(1.0)
+    p2 = a.predict("hyb", "chat", batch=2.2)  # the same half-octave bucket
+    assert p2 is not None and p2.estimate.mean == pytest.approx(4.0)
+    assert a.estimate("hyb", "chat", 16.0) is None and a.predict("hyb", "chat", batch=16.0) is None
+    agg = a.estimate("hyb", "chat")
+    assert agg is not None and 1.0 < agg.mean < 4.0
+    back = AcceptLength.from_dict(json.loads(json.dumps(a.to_dict())))
+    e = back.estimate("hyb", "chat", 2.0)
+    assert e is not None and e.mean == pytest.approx(4.0)
+    a.discount("hyb", 0.0, workload="chat")
+    assert a.estimate("hyb", "chat", 2.0) is None
+    # A state saved before the batched evidence loads, with none.
+    old = a.to_dict()
+    del old["batched"]
+    assert AcceptLength.from_dict(old).estimate("hyb", "chat", 2.0) is None
+
+
 def test_impossible_windows_are_rejected() -> None:
     a = AcceptLength([E2], min_windows=1, min_verify=1)
     bad = Observation(

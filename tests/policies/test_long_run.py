@@ -449,3 +449,45 @@ def test_the_long_run_mix_weighs_each_window_by_the_tokens_it_generated() -> Non
     mix = _long_run_mix(lr)
     assert mix is not None
     assert mix["code"] == pytest.approx(0.75, rel=1e-6) and mix["chat"] == pytest.approx(0.25)
+
+
+def test_one_chain_leaves_the_seed_table_unpriced_and_worth_exploring() -> None:
+    """With one chain in the set and no baseline data, the tier costs say nothing of how the
+    cycle grows with steps: a table generated from them would hold that chain's tier alone (the
+    fixed profile under another name, never worth a restart). The seed table stays, unpriced,
+    and decide explores it like any profile never run; a second chain's data identifies the
+    tiers and a table is generated from them."""
+    st = initial_state(
+        (PROFILES[0], PROFILES[1], HYB), "eagle2", 0.0, S, adaptive_tables={"hybrid": {}}
+    )
+    seed = seed_table(HYB.candidate_steps)
+    hs = st.hybrid
+    assert hs is not None and hs.tables["hybrid"]["table"] == seed
+    syn = Synth(cost=COST, seed=41)
+    t = 0.0
+    explored = None
+    for _ in range(400):
+        t += 10.0
+        st, d = decide(st, _window(syn, PROFILES[1], t, LOW), t, S, Overrides())
+        if d.action is Action.SWITCH:
+            explored = d
+            break
+        assert hs.tables["hybrid"]["table"] == seed
+        assert hybrid_decide.predict(st, HYB, LOW, S) is None
+    assert explored is not None and explored.profile == "hybrid", explored
+    assert explored.reason is Reason.EXPLORE
+
+    # The same windows with 5-step's too: two tiers priced, and a table of their own.
+    st = initial_state((*PROFILES, HYB), "eagle2", 0.0, S, adaptive_tables={"hybrid": {}})
+    pause = Overrides(paused_until_s=math.inf)
+    t = 0.0
+    for name in ("eagle2", "eagle5"):
+        if name != st.running:
+            t += RESTART_S
+            st = on_switch_done(st, name, True, RESTART_S, t)
+        for _ in range(40):
+            t += 10.0
+            st, _d = decide(st, _window(syn, st.specs[name], t, LOW), t, S, pause)
+    hybrid_decide.refresh_tables(st, t + S.hybrid_regen_interval_s, S)
+    assert st.hybrid is not None and st.hybrid.tables["hybrid"]["table"] != seed
+    assert hybrid_decide.predict(st, HYB, LOW, S) is not None
