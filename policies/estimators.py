@@ -1821,8 +1821,9 @@ class ThroughputModel:
         batch: float | None = None,
     ) -> tuple[Estimate, str, float | None] | None:
         """E[L] of `profile` under a token-share mix: token-weighted harmonic mean of the
-        per-workload predictions (interval ends combined end to end: conservative). Falls back
-        to the profile's all-workload aggregate when a workload in the mix has no prediction.
+        per-workload predictions (interval ends combined end to end: conservative). A workload
+        with no prediction (no profile of this drafter served it) takes the profile's
+        all-workload level with the whole possible interval, 1 to steps + 1.
         `batch`: where an adaptive profile's accept length is read (its tier moves with it).
 
         `sample`: (finished requests n, workloads known) when the shares are a sample (the mix
@@ -1833,13 +1834,23 @@ class ThroughputModel:
         does not pass for the traffic)."""
         shares = {k: v for k, v in mix.items() if v > 0}
         parts: list[tuple[float, AcceptPrediction]] = []
-        if shares:
-            for w, s in shares.items():
-                ap = self.accept.predict(profile, w, fresh_since_s, batch)
-                if ap is None:
+        agg: AcceptPrediction | None = None
+        spec = self.specs[profile]
+        top = float(max(spec.num_steps, max(spec.candidate_steps, default=0))) + 1.0
+        for w, s in shares.items():
+            ap = self.accept.predict(profile, w, fresh_since_s, batch)
+            if ap is None:
+                # Nothing (own or cross) says how this drafter does on w: the other workloads'
+                # level is a guess, anywhere from no draft accepted to every one.
+                agg = agg or self.accept.predict(profile, AGGREGATE, fresh_since_s, batch)
+                if agg is None:
                     parts = []
                     break
-                parts.append((s, ap))
+                e = agg.estimate
+                ap = AcceptPrediction(
+                    Estimate(e.mean, 1.0, max(top, e.high), e.n), "unseen", agg.data_t_s
+                )
+            parts.append((s, ap))
         if not parts:
             ap = self.accept.predict(profile, AGGREGATE, fresh_since_s, batch)
             if ap is None:

@@ -177,6 +177,25 @@ def test_an_adaptive_profiles_accept_length_is_read_where_it_served() -> None:
     assert AcceptLength.from_dict(old).estimate("hyb", "chat", 2.0) is None
 
 
+def test_a_workload_no_profile_served_is_predicted_with_the_whole_interval() -> None:
+    """2-step served math only. For chat nothing (own or cross) says how the drafter does: the
+    prediction keeps math's level as its guess, with the interval from no draft accepted to
+    every one, so a switch is not made on it (stress x4: 5-step predicted at math's L 4.79 on
+    chat, where it was 1.53, and the switch was rolled back)."""
+    m = ThroughputModel(PROFILES)
+    feed(m, Synth(seed=3), E2, 0, 40, 8, alphas={"math": 0.9}, mix={"math": 1.0})
+    on_math = m.accept_for_mix("eagle2", {"math": 1.0}, None)
+    on_chat = m.accept_for_mix("eagle2", {"chat": 1.0}, None)
+    assert on_math is not None and on_chat is not None
+    assert on_chat[0].mean == pytest.approx(on_math[0].mean)
+    assert on_chat[0].low == 1.0 and on_chat[0].high == 3.0 and on_chat[1] == "unseen"
+    half = m.accept_for_mix("eagle2", {"math": 0.5, "chat": 0.5}, None)
+    assert half is not None
+    assert 1.0 < half[0].low < on_math[0].low and on_math[0].high < half[0].high < 3.0
+    pred = m.predict("eagle2", batch=8.0, mix={"chat": 1.0})
+    assert pred.tok_s is not None and pred.tok_s.high / pred.tok_s.low > 2.5
+
+
 def test_impossible_windows_are_rejected() -> None:
     a = AcceptLength([E2], min_windows=1, min_verify=1)
     bad = Observation(
