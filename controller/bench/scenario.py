@@ -69,10 +69,11 @@ ADAPTIVE_PROFILE = "eagle3-adaptive"
 ADAPTIVE_LAUNCH_STEPS = 3
 
 # The specpilot_hybrid peer's extra profile: EAGLE-3 with --speculative-adaptive and a table
-# specpilot generates (policies.hybrid), any of these steps allowed, launched at 1 step (SGLang
+# specpilot generates (policies.hybrid), any of these steps allowed (the range SGLang's own
+# default table spans, so its seed table is SGLang's default), launched at 1 step (SGLang
 # needs --speculative-num-steps >= 1; a launch tier outside the table costs one more capture).
 HYBRID_PROFILE = "eagle3-hybrid"
-HYBRID_STEPS: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
+HYBRID_STEPS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7)
 HYBRID_LAUNCH_STEPS = 1
 
 # Which of the targets a scenario is judged by: stationary (within 1% of the best static
