@@ -14,6 +14,7 @@ Must not: know about profiles, workloads, time, or decisions (estimators.py and 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,9 +48,11 @@ def expected_accept_length(alpha: ArrayLike, g: int) -> NDArray[np.float64]:
     return np.asarray(powers.sum(axis=-1), dtype=np.float64)
 
 
+@functools.lru_cache(maxsize=4096)
 def alpha_from_accept_length(accept_length: float, g: int) -> float:
     """Per-token alpha of a g-step chain whose mean accept length (bonus included) is given.
-    Clamped: L <= 1 -> 0, L >= g + 1 -> 1."""
+    Clamped: L <= 1 -> 0, L >= g + 1 -> 1. Memoised: one decision reads the same estimates
+    several times (a root find per read was a tenth of a hybrid replay)."""
     if g < 1:
         raise ValueError(f"alpha needs at least one draft step, got g={g}")
     L = float(accept_length)

@@ -870,9 +870,14 @@ def tier_cycle_from(
     and is steeper when compute-bound). Tier 0: the baseline's decode step plus the draft-extend
     tax, taken uniform on [0, DRAFT_SHARE_MAX x T_g / (g + 1)] of the shallowest run tier."""
 
-    def at(batch: float, g: int) -> Estimate | None:
+    @functools.lru_cache(maxsize=256)
+    def chains_at(batch: float) -> dict[int, Estimate]:
+        # Every tier at a batch size reads the same chains' estimates: read them once.
         known = {s: f(batch) for s, f in fixed.items()}
-        known = {s: e for s, e in known.items() if e is not None}
+        return {s: e for s, e in known.items() if e is not None}
+
+    def at(batch: float, g: int) -> Estimate | None:
+        known = chains_at(batch)
         if g == 0:
             if baseline is None or not known:
                 return None
