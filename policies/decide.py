@@ -645,7 +645,7 @@ def _accept_points(state: PolicyState, obs: Observation, s: PolicySettings) -> l
     spec = state.specs[obs.profile]
     if not spec.speculative or spec.num_steps < 1:
         return []
-    g = max(spec.num_steps, max(spec.candidate_steps, default=0))
+    g = spec.max_steps
     out: list[tuple[str, float | None]] = []
     for w in obs.workloads:
         gen, req, ver = w.generation_tokens, w.requests, w.verify_calls

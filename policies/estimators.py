@@ -1209,7 +1209,7 @@ class AcceptLength:
             raise KeyError(f"unknown profile {obs.profile!r}")
         if not spec.speculative or spec.num_steps < 1:
             return None
-        g = max(spec.num_steps, max(spec.candidate_steps, default=0))
+        g = spec.max_steps
         lam = decay(obs.window_s, self.half_life_s)
         per = self.ratios[obs.profile]
         # Prequential levels (before this window): the change signal compares each workload with
@@ -1218,29 +1218,23 @@ class AcceptLength:
         # all-workload ratio: ~15% per 10 s window at 16 streams).
         ref = self.estimate(obs.profile, AGGREGATE)
         wb = Concurrency.window_batch(obs) if spec.adaptive else None
-        by_b = (
-            self.batched[obs.profile].setdefault(batch_bucket(wb), {}) if wb is not None else None
-        )
+        by_b = self.batched[obs.profile].setdefault(batch_bucket(wb), {}) if wb is not None else {}
+
+        def add(key: str, gen: float, req: float, ver: float) -> float | None:
+            # The profile's evidence, and an adaptive profile's in this window's batch bucket.
+            if wb is not None:
+                self._add_ratio(by_b.setdefault(key, _RatioStats()), gen, req, ver, g, obs.t_s, lam)
+            return self._add_ratio(
+                per.setdefault(key, _RatioStats()), gen, req, ver, g, obs.t_s, lam
+            )
+
         tot_g = tot_r = tot_v = 0.0
         exp_v = cov_acc = cov_v = 0.0
         for w in obs.workloads:
             if w.generation_tokens is None or w.verify_calls is None or w.requests is None:
                 continue
             pre = self.estimate(obs.profile, w.workload) if w.workload in per else None
-            st = per.setdefault(w.workload, _RatioStats())
-            if by_b is not None:
-                self._add_ratio(
-                    by_b.setdefault(w.workload, _RatioStats()),
-                    w.generation_tokens,
-                    w.requests,
-                    w.verify_calls,
-                    g,
-                    obs.t_s,
-                    lam,
-                )
-            if self._add_ratio(
-                st, w.generation_tokens, w.requests, w.verify_calls, g, obs.t_s, lam
-            ):
+            if add(w.workload, w.generation_tokens, w.requests, w.verify_calls):
                 tot_g += w.generation_tokens
                 tot_r += w.requests
                 tot_v += w.verify_calls
@@ -1251,11 +1245,7 @@ class AcceptLength:
                     cov_v += w.verify_calls
         agg = None
         if tot_v > 0:
-            st = per.setdefault(AGGREGATE, _RatioStats())
-            agg = self._add_ratio(st, tot_g, tot_r, tot_v, g, obs.t_s, lam)
-            if by_b is not None:
-                st = by_b.setdefault(AGGREGATE, _RatioStats())
-                self._add_ratio(st, tot_g, tot_r, tot_v, g, obs.t_s, lam)
+            agg = add(AGGREGATE, tot_g, tot_r, tot_v)
         h = obs.accepted_drafts_hist
         if h is not None and not spec.adaptive and len(h) == spec.num_steps + 1:
             arr = [float(x) for x in h]
@@ -1336,7 +1326,7 @@ class AcceptLength:
         st = self._stats(profile, workload, batch)
         if st is None or st.count < self.min_windows or st.w < self.min_verify:
             return None
-        g = max(spec.num_steps, max(spec.candidate_steps, default=0))
+        g = spec.max_steps
         L = st.wl / st.w
         var_w = max(st.wll / st.w - L * L, 0.0)
         n_eff = st.w * st.w / st.v2 if st.v2 > 0 else 1.0
@@ -1835,8 +1825,7 @@ class ThroughputModel:
         shares = {k: v for k, v in mix.items() if v > 0}
         parts: list[tuple[float, AcceptPrediction]] = []
         agg: AcceptPrediction | None = None
-        spec = self.specs[profile]
-        top = float(max(spec.num_steps, max(spec.candidate_steps, default=0))) + 1.0
+        top = self.specs[profile].max_steps + 1.0
         for w, s in shares.items():
             ap = self.accept.predict(profile, w, fresh_since_s, batch)
             if ap is None:

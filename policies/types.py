@@ -79,6 +79,12 @@ class ProfileSpec:
     def speculative(self) -> bool:
         return self.algorithm is not None
 
+    @property
+    def max_steps(self) -> int:
+        """The deepest chain the server may run: `num_steps`, or an adaptive profile's deepest
+        candidate (an accept length is at most this + 1)."""
+        return max(self.num_steps, max(self.candidate_steps, default=0))
+
 
 @dataclass(frozen=True)
 class DecodeMoments:
