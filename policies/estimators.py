@@ -17,6 +17,7 @@ Must not: decide anything, read clocks (times come in with the data), or do I/O.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -296,6 +297,9 @@ class CycleTimeSurface:
         self._fit: SurfaceFit | None = None
         self._curve: ForwardCurve | None = None
         self._fit_dirty = True
+        # Derived, not persisted: estimates asked for since the statistics last changed (one
+        # decision asks for the same profile at the same batch size many times).
+        self._memo: dict[tuple[str, float], Estimate | None] = {}
         self.set_expert_share(expert_share)
         self._steps_since_fit = 0.0
         self._fit_members: tuple[tuple[str, int | None], ...] = ()
@@ -310,6 +314,7 @@ class CycleTimeSurface:
         st = self.stats.get(profile)
         if st is None:
             raise KeyError(f"unknown profile {profile!r}")
+        self._memo.clear()
         m = moments
         n = m.n_steps
         vals = (n, m.sum_bs, m.sum_step_s, m.sum_bs2, m.sum_bs_step_s)
@@ -383,6 +388,7 @@ class CycleTimeSurface:
         line (the profile's, each batch bucket's) at most `max_windows` windows' worth: old data
         becomes a weak prior that fresh windows outweigh within a few polls."""
         f = min(max(factor, 0.0), 1.0)
+        self._memo.clear()
         for st in (self.stats[profile], *self.buckets[profile].values()):
             cap = f
             if max_windows is not None and st.windows > 0:
@@ -399,6 +405,7 @@ class CycleTimeSurface:
         if share != self.expert_share:
             self.expert_share = float(share)
             self._fit_dirty = True
+            self._memo.clear()
 
     # -- queries
     def has_data(self, profile: str) -> bool:
@@ -734,6 +741,7 @@ class CycleTimeSurface:
                 restored += 1
         if restored:
             self._fit_dirty = True
+            self._memo.clear()
         return restored
 
     def support(self, profile: str, batch: float) -> str | None:
@@ -747,6 +755,12 @@ class CycleTimeSurface:
         """Cycle seconds of `profile` at `batch` with a ~90% interval, or None."""
         if batch <= 0 or not math.isfinite(batch):
             raise ValueError(f"batch must be a positive number, got {batch!r}")
+        key = (profile, float(batch))
+        if key not in self._memo:
+            self._memo[key] = self._estimate(profile, batch)
+        return self._memo[key]
+
+    def _estimate(self, profile: str, batch: float) -> Estimate | None:
         own = self._own_predict(profile, batch)
         if own is not None:
             if own.mean <= 0:
@@ -1030,8 +1044,10 @@ class CycleTimeSurface:
         return obj
 
 
+@functools.lru_cache(maxsize=8192)
 def _chain_map(accept_length: float, g_from: int, g_to: int) -> float:
-    """E[L_{g_to}] of the constant-alpha chain whose g_from-step mean is `accept_length`."""
+    """E[L_{g_to}] of the constant-alpha chain whose g_from-step mean is `accept_length`
+    (memoised: cross predictions map the same estimates at every look)."""
     a = alpha_from_accept_length(min(max(accept_length, 1.0), g_from + 1.0), g_from)
     return float(expected_accept_length(a, g_to))
 
@@ -1173,6 +1189,8 @@ class AcceptLength:
         # Derived, not persisted: per profile (steps added since, L_g of the histogram itself,
         # {g': (mean, low, high)}) so truncation/tail fits are not redone every window.
         self._shape: dict[str, tuple[float, float, dict[int, tuple[float, float, float]]]] = {}
+        # Derived, not persisted: predictions asked for since the evidence last changed.
+        self._memo: dict[tuple[str, str, float | None, float | None], AcceptPrediction | None] = {}
 
     def _add_ratio(
         self, st: _RatioStats, gen: float, req: float, ver: float, g: int, t_s: float, lam: float
@@ -1209,6 +1227,7 @@ class AcceptLength:
             raise KeyError(f"unknown profile {obs.profile!r}")
         if not spec.speculative or spec.num_steps < 1:
             return None
+        self._memo.clear()
         g = spec.max_steps
         lam = decay(obs.window_s, self.half_life_s)
         per = self.ratios[obs.profile]
@@ -1278,6 +1297,7 @@ class AcceptLength:
         plus the evidence pooled over workloads (the aggregate and the histogram hold it too);
         the other workloads' levels did not move and keep their data."""
         f = min(max(factor, 0.0), 1.0)
+        self._memo.clear()
         for per in (self.ratios[profile], *self.batched.get(profile, {}).values()):
             for w, st in per.items():
                 if workload is not None and w not in (workload, AGGREGATE):
@@ -1366,6 +1386,14 @@ class AcceptLength:
         shallower one, the constant-alpha model when only means exist), then stale own data,
         then stale cross predictions. Fresh = newest data at or after `fresh_since_s`. An
         adaptive profile at `batch`: its own windows in that batch bucket, else None."""
+        key = (profile, workload, fresh_since_s, batch)
+        if key not in self._memo:
+            self._memo[key] = self._predict(profile, workload, fresh_since_s, batch)
+        return self._memo[key]
+
+    def _predict(
+        self, profile: str, workload: str, fresh_since_s: float | None, batch: float | None
+    ) -> AcceptPrediction | None:
         q = self.specs[profile]
         if not q.speculative or q.num_steps < 1:
             return AcceptPrediction(Estimate(1.0, 1.0, 1.0, math.inf), "baseline", None)

@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import bisect
 import functools
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -293,6 +295,10 @@ class AcceptModel:
 
     alphas: Mapping[str, Estimate]
     shares: Mapping[str, float]
+    # Derived: tokens per sequence-cycle per (which alpha, tier), computed once per model.
+    _per_cycle: dict[tuple[str, int], float] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if not self.alphas:
@@ -319,6 +325,13 @@ class AcceptModel:
         """(alpha per workload, token share per workload) for the workloads in the mix."""
         names, sh = self._mix()
         return np.array([getattr(self.alphas[w], which) for w in names]), sh
+
+    def tokens_per_cycle(self, which: str, g: int) -> float:
+        """tokens_per_seq_cycle at tier g with the `which` ("low", "mean", "high") alphas."""
+        key = (which, g)
+        if key not in self._per_cycle:
+            self._per_cycle[key] = tokens_per_seq_cycle(*self.alphas_of(which), g)
+        return self._per_cycle[key]
 
 
 def _accepted_mean(alpha: np.ndarray, g: int) -> np.ndarray:
@@ -379,6 +392,28 @@ def _recompute(r: SlotRule, g: int, ema: float) -> tuple[int, float]:
     return target, ema
 
 
+def _accepted_pmf(alphas: np.ndarray, slots: np.ndarray, g: int) -> np.ndarray:
+    """P(a sequence of the batch accepts k drafts), k = 0..g, at tier g: a sequence is of
+    workload w with probability slots[w], and accepts k with alpha^k (1 - alpha), truncated at
+    g (the rest of the tail, alpha^g, all at k = g)."""
+    k = np.arange(g + 1)
+    p = (1.0 - alphas[:, None]) * alphas[:, None] ** k
+    p[:, g] = alphas**g
+    return slots @ p
+
+
+@functools.lru_cache(maxsize=512)
+def _batch_sum_cdf(pmf: tuple[float, ...], n: int) -> np.ndarray:
+    """CDF of the accepted drafts summed over a batch of n independent sequences of `pmf`
+    (its n-fold convolution)."""
+    one = np.array(pmf)
+    out = one
+    for _ in range(n - 1):
+        out = np.convolve(out, one)
+    cdf = np.cumsum(out)
+    return cdf / cdf[-1]
+
+
 def _block_increments(
     rng: np.random.Generator,
     r: SlotRule,
@@ -389,29 +424,22 @@ def _block_increments(
     size: int,
 ) -> np.ndarray:
     """`size` EMA increments of one update interval at tier g with batches of n sequences:
-    sum_i a (1 - a)^(every - 1 - i) x_i, x_i a batch's mean accepted drafts."""
+    sum_i a (1 - a)^(every - 1 - i) x_i, x_i a batch's mean accepted drafts. Each sequence's
+    accepted drafts are independent draws of one pmf (the workloads' mixture by their share of
+    the batch's slots), so a batch's sum is drawn from that pmf's n-fold convolution: exact,
+    and n times fewer draws than one per sequence. Above CLT_BATCH the batch mean is normal."""
     every, a = r.update_interval, r.ema_alpha
     w = a * (1.0 - a) ** np.arange(every - 1, -1, -1)
-    ss = slot_shares(alphas, shares, g)
+    pmf = _accepted_pmf(alphas, slot_shares(alphas, shares, g), g)
     if n > CLT_BATCH:
         k = np.arange(g + 1)
-        pmf = np.zeros(g + 1)
-        for s, al in zip(ss, alphas, strict=True):
-            p = (1.0 - al) * al**k
-            p[g] = al**g
-            pmf += s * p
         mean = float(np.dot(pmf, k))
         var = max(0.0, float(np.dot(pmf, k * k)) - mean * mean)
         sd = math.sqrt(var / n * float(np.dot(w, w)))
         return mean * float(w.sum()) + sd * rng.standard_normal(size)
-    if len(alphas) == 1:
-        al = np.full((size, every, n), float(alphas[0]))
-    else:
-        idx = np.searchsorted(np.cumsum(ss)[:-1], rng.random((size, every, n)), side="right")
-        al = alphas[idx]
-    p = np.clip(1.0 - al, 1e-12, 1.0)
-    acc = np.minimum(rng.geometric(p) - 1, g)
-    return acc.mean(axis=2) @ w
+    cdf = _batch_sum_cdf(tuple(float(x) for x in pmf), n)
+    sums = np.searchsorted(cdf, rng.random((size, every)), side="right")
+    return (np.minimum(sums, len(cdf) - 1) / n) @ w
 
 
 @functools.lru_cache(maxsize=4096)
@@ -480,11 +508,8 @@ def _tier_terms(
     c = cycle(batch, g)
     if c is None:
         return None
-    lens = []
-    for which in ("low", "mean", "high"):
-        al, sh = accept.alphas_of(which)
-        lens.append(tokens_per_seq_cycle(al, sh, g))
-    return c, (lens[0], lens[1], lens[2])
+    lo, mid, hi = (accept.tokens_per_cycle(which, g) for which in ("low", "mean", "high"))
+    return c, (lo, mid, hi)
 
 
 def _breakdown_int(
@@ -500,11 +525,13 @@ def _breakdown_int(
     num = [0.0, 0.0, 0.0]  # tokens per sequence-cycle x share: low, mean, high
     den = [0.0, 0.0, 0.0]  # cycle seconds x share: high, mean, low (pairs with num)
     per_tier: dict[int, float] = {}
+    n = math.inf
     for g, pi in shares.items():
         terms = _tier_terms(cycle, accept, float(batch), g)
         if terms is None:
             return None
         c, (l_lo, l_mid, l_hi) = terms
+        n = min(n, c.n)
         per_tier[g] = batch * l_mid / c.mean
         for i, (L, T) in enumerate(((l_lo, c.high), (l_mid, c.mean), (l_hi, c.low))):
             num[i] += pi * L
@@ -512,7 +539,6 @@ def _breakdown_int(
     mean = batch * num[1] / den[1]
     low = batch * num[0] / den[0] if math.isfinite(den[0]) else 0.0
     high = batch * num[2] / den[2] if den[2] > 0 else math.inf
-    n = min((cycle(float(batch), g) or Estimate(0, 0, 0)).n for g in shares)
     return AdaptiveBreakdown(
         batch=float(batch),
         bucket=b,
@@ -522,6 +548,21 @@ def _breakdown_int(
         cycle_s=den[1],
         tier_tok_s=per_tier,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_json(text: str) -> Mapping[int, SlotRule]:
+    return MappingProxyType(parse_table(json.loads(text)))
+
+
+def _parsed(table: Mapping[str, Any]) -> Mapping[int, SlotRule]:
+    """parse_table, memoised on the table's JSON (a decision prices the same few tables at many
+    batch sizes)."""
+    try:
+        text = json.dumps(table, sort_keys=True)
+    except (TypeError, ValueError):
+        return parse_table(table)  # not JSON: parse_table says what is wrong with it
+    return _parsed_json(text)
 
 
 def adaptive_breakdown(
@@ -536,7 +577,7 @@ def adaptive_breakdown(
     """predict_adaptive with its workings; None when a tier the rule uses has no cost."""
     if not (batch >= 1 and math.isfinite(batch)):
         raise ValueError(f"batch must be a finite number >= 1 (got {batch!r})")
-    slots = parse_table(table)
+    slots = _parsed(table)
     lo = math.floor(batch)
     hi = lo if lo == batch else lo + 1
     a = _breakdown_int(slots, accept, cycle, lo, launch_steps, max_bs)
@@ -646,13 +687,12 @@ def generate_table(
     if not bounds or bounds[0] != 1:
         bounds = sorted({1, *bounds})
     launch = launch_steps if launch_steps is not None else max(allowed)
-    al, sh = accept.alphas_of("mean")
     slots: dict[int, SlotRule] = {}
     choices: list[BucketChoice] = []
     for i, lo in enumerate(bounds):
         hi = bounds[i + 1] - 1 if i + 1 < len(bounds) else max_bs
         pts = _bucket_points(lo, hi)
-        lens = {g: tokens_per_seq_cycle(al, sh, g) for g in allowed}
+        lens = {g: accept.tokens_per_cycle("mean", g) for g in allowed}
         cyc: dict[int, list[float]] = {}
         for g in allowed:
             row = []

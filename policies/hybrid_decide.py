@@ -537,10 +537,12 @@ def predict(
     s: PolicySettings,
     table: Mapping[str, Any] | None = None,
     mix: Mapping[str, float] | None = None,
+    ins: tuple[AcceptModel, CycleFn] | None = None,
 ) -> ProfilePrediction | None:
     """Decode tok/s of adaptive `spec` at `batch` with `table` (default: the running table if it
-    runs, else its launch table) and `mix` (default: the mix now). None when the estimates
-    cannot price it."""
+    runs, else its launch table) and `mix` (default: the mix now). `ins`: inputs(state, spec,
+    mix) when the caller already has them (one per decision, for every batch size it prices).
+    None when the estimates cannot price it."""
     hs = state.hybrid
     if hs is None or spec.name not in hs.tables or batch is None or batch < 1:
         return None
@@ -548,7 +550,7 @@ def predict(
     if table is None:
         table = t["running_table"] if state.running == spec.name and t["running_table"] else None
         table = table or t["table"]
-    ins = inputs(state, spec, mix)
+    ins = ins or inputs(state, spec, mix)
     if ins is None:
         return None
     am, cyc = ins
@@ -790,9 +792,11 @@ def _value(
     tot = sum(w for _, w in pts)
     acc = [0.0, 0.0, 0.0, 0.0]
     n = math.inf
+    # An adaptive profile's inputs are read once for every batch size.
+    ins = inputs(state, spec, mix) if spec.adaptive else None
     for b, w in pts:
         if spec.adaptive:
-            pr = predict(state, spec, b, s, table, mix)
+            pr = predict(state, spec, b, s, table, mix, ins)
         else:
             pr = state.model.predict(
                 name,

@@ -37,6 +37,8 @@ def _finite(x: float | None) -> float | None:
 
 
 def _counter(x: float | None) -> float | None:
+    if type(x) is float:  # the common case, without _finite's conversion (NaN compares False)
+        return x if 0.0 <= x < math.inf else None
     v = _finite(x)
     return v if v is not None and v >= 0.0 else None
 

@@ -567,3 +567,47 @@ def test_a_never_run_chain_is_read_across_two_chains_that_served_its_batch_size(
     _feed_exact(alone, "eagle3", lambda b: cycle(4), (1.0,))
     e = alone.estimate("eagle2", 1.0)
     assert e is not None and e.mean < 0.97 * cycle(3)
+
+
+def test_memoised_answers_are_those_of_the_state_after_every_change() -> None:
+    """Estimates and accept predictions are memoised between changes of the statistics: after
+    each kind of change (a window, a discount, the routing, buckets restored from a snapshot)
+    every answer is the one computed afresh from the state then."""
+    syn = Synth(seed=7)
+    m = ThroughputModel(PROFILES)
+    t = 0.0
+    # Eleven served sizes: the roofline is fitted, so the routing moves what it says.
+    for b in (1, 2, 4, 8, 16, 32):
+        t = feed(m, syn, BASE, t, 6, b)
+    for b in (1, 2, 4, 8, 16):
+        t = feed(m, syn, E2, t, 6, b)
+    t = feed(m, syn, E5, t, 6, 4)
+    snap = m.cycle.profile_snapshot("eagle2")
+    batches = (1.0, 4.0, 8.0, 16.0, 48.0, 64.0)
+
+    def answers() -> list[object]:
+        out: list[object] = []
+        for p in PROFILES:
+            for b in batches:
+                e = m.cycle.estimate(p.name, b)
+                assert e == m.cycle._estimate(p.name, b)
+                out.append(e)
+            for w in (AGGREGATE, "chat", "code"):
+                for fresh in (None, t - 100.0):
+                    a = m.accept.predict(p.name, w, fresh)
+                    assert a == m.accept._predict(p.name, w, fresh, None)
+                    out.append(a)
+        return out
+
+    before = answers()
+    t = feed(m, syn, E2, t, 1, 16, alphas={"chat": 0.4, "code": 0.5})
+    assert answers() != before
+    m.cycle.discount("eagle2", 0.1)
+    m.accept.discount("eagle2", 0.1)
+    answers()
+    m.cycle.set_expert_share(8 / 384)
+    answers()
+    m.cycle.discount("eagle2", 0.0)
+    answers()
+    assert m.cycle.restore_buckets("eagle2", snap) > 0
+    answers()

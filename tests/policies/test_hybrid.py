@@ -16,6 +16,7 @@ from policies.hybrid import (
     SGLANG_DEFAULT_TABLE,
     AcceptModel,
     SlotRule,
+    _block_increments,
     accept_model_from,
     adaptive_breakdown,
     cuda_graph_batch_sizes,
@@ -25,6 +26,7 @@ from policies.hybrid import (
     rewrite_pays,
     route,
     seed_table,
+    slot_shares,
     table_distance,
     table_steps,
     tier_cycle_from,
@@ -166,6 +168,25 @@ def test_bistable_rule_keeps_its_start_as_the_simulators_does() -> None:
         truth = _ground_truth_shares(cfg, acc, 16, launch=launch, batches=5000, seed=2)
         got = tier_shares(rule, 16, AcceptModel.single(acc), launch_steps=launch)
         assert got == {launch: 1.0} and truth == {launch: 1.0}
+
+
+@pytest.mark.parametrize(("n", "g"), [(1, 3), (5, 5), (16, 7)])
+def test_block_increments_draw_a_batchs_sum_as_per_sequence_chain_draws_do(n: int, g: int) -> None:
+    """A batch's sum is drawn from the n-fold convolution of the workloads' mixture pmf: its
+    increments have the distribution of n per-sequence chain draws (workload by slot share)."""
+    rule = SlotRule((1, 3, 5, 7))
+    alphas, shares = np.array([0.85, 0.45]), np.array([0.6, 0.4])
+    got = _block_increments(np.random.default_rng(3), rule, g, n, alphas, shares, 40_000)
+    rng = np.random.default_rng(4)
+    ss = slot_shares(alphas, shares, g)
+    seq_alpha = alphas[rng.choice(2, size=(40_000, rule.update_interval, n), p=ss)]
+    a = rule.ema_alpha
+    w = a * (1.0 - a) ** np.arange(rule.update_interval - 1, -1, -1)
+    truth = draw_accepted_drafts(rng, seq_alpha, g).mean(axis=2) @ w
+    assert got.mean() == pytest.approx(truth.mean(), rel=0.01)
+    assert got.std() == pytest.approx(truth.std(), rel=0.02)
+    for q in (0.1, 0.5, 0.9):
+        assert np.quantile(got, q) == pytest.approx(np.quantile(truth, q), abs=0.02)
 
 
 def test_tier_zero_probing_alternates() -> None:
