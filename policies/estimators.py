@@ -297,8 +297,9 @@ class CycleTimeSurface:
         self._fit: SurfaceFit | None = None
         self._curve: ForwardCurve | None = None
         self._fit_dirty = True
-        # Derived, not persisted: estimates asked for since the statistics last changed (one
-        # decision asks for the same profile at the same batch size many times).
+        # Derived, not persisted: estimates asked for since the statistics they read last
+        # changed (one decision asks for the same profile at the same batch size many times,
+        # and a profile not running answers the same until something it reads moves).
         self._memo: dict[tuple[str, float], Estimate | None] = {}
         self.set_expert_share(expert_share)
         self._steps_since_fit = 0.0
@@ -314,7 +315,6 @@ class CycleTimeSurface:
         st = self.stats.get(profile)
         if st is None:
             raise KeyError(f"unknown profile {profile!r}")
-        self._memo.clear()
         m = moments
         n = m.n_steps
         vals = (n, m.sum_bs, m.sum_step_s, m.sum_bs2, m.sum_bs_step_s)
@@ -371,7 +371,21 @@ class CycleTimeSurface:
         total = sum(x.s0 for x in self.stats.values())
         if self._steps_since_fit > REFIT_FRACTION * total or self._members() != self._fit_members:
             self._fit_dirty = True
+        self._forget(profile)
         return ratio
+
+    def _forget(self, profile: str) -> None:
+        """Drop the memoised estimates that `profile`'s statistics, just changed, can move. A
+        fixed profile's are read by every other's estimate (the shared fit, the roofline, token
+        bounds and equivalents, sibling lines), and a refit due reads every fixed profile's as
+        they are now: all go. An adaptive profile's are read by its own estimates, and by
+        another's only through _served_by_any, which reads which batch buckets hold data: a
+        change there is a change of _members, so the refit is due and all go."""
+        if self._fit_dirty or not self.specs[profile].adaptive:
+            self._memo.clear()
+            return
+        for k in [k for k in self._memo if k[0] == profile]:
+            del self._memo[k]
 
     def _members(self) -> tuple[tuple[str, int | None], ...]:
         """The profiles with enough data (bucket None), and their batch buckets with enough: a
@@ -681,6 +695,7 @@ class CycleTimeSurface:
     def _served_by_any(self, batch: float) -> bool:
         """Whether some profile's batch buckets with data reach `batch` (its bucket, or between
         two served sizes of one profile)."""
+        # Reads only which buckets hold data, as _members does (_forget relies on it).
         k = batch_bucket(batch)
         for name in self.buckets:
             pts = self._points(name)
@@ -1227,7 +1242,11 @@ class AcceptLength:
             raise KeyError(f"unknown profile {obs.profile!r}")
         if not spec.speculative or spec.num_steps < 1:
             return None
-        self._memo.clear()
+        if spec.adaptive:  # read by its own predictions alone (cross_predictable)
+            for k in [k for k in self._memo if k[0] == spec.name]:
+                del self._memo[k]
+        else:
+            self._memo.clear()
         g = spec.max_steps
         lam = decay(obs.window_s, self.half_life_s)
         per = self.ratios[obs.profile]

@@ -611,3 +611,71 @@ def test_memoised_answers_are_those_of_the_state_after_every_change() -> None:
     answers()
     assert m.cycle.restore_buckets("eagle2", snap) > 0
     answers()
+
+
+def test_an_adaptive_profiles_windows_keep_only_the_memoised_estimates_they_cannot_move() -> None:
+    """Windows of a running adaptive profile move its own estimates; the fixed profiles' stay
+    memoised until a window makes a batch size served that was not (their continuation past
+    their data reads that) or the shared fit is due: every answer is the one computed afresh."""
+    hyb = ProfileSpec(
+        "hyb",
+        num_steps=1,
+        draft_tokens=2,
+        algorithm="EAGLE3",
+        adaptive=True,
+        candidate_steps=(0, 1, 3),
+    )
+    surf = CycleTimeSurface([BASE, E2, hyb], min_windows=3)
+    _feed_exact(surf, "baseline", lambda b: 0.010 + 0.0004 * b, (2.0, 4.0, 8.0))
+    _feed_exact(surf, "eagle2", lambda b: 0.014 + 0.0009 * b, (2.0, 4.0))
+    batches = (1.0, 3.0, 8.0, 16.0, 32.0)
+
+    def answers() -> dict[tuple[str, float], object]:
+        out = {}
+        for p in ("baseline", "eagle2", "hyb"):
+            for b in batches:
+                out[p, b] = surf.estimate(p, b)
+                assert out[p, b] == surf._estimate(p, b)
+        return out
+
+    _feed_exact(surf, "hyb", lambda b: 0.016 + 0.001 * b, (4.0,), windows=3)
+    before = answers()
+    _feed_exact(surf, "hyb", lambda b: 0.018 + 0.001 * b, (4.0,), windows=1)
+    same_bucket = answers()
+    assert same_bucket["hyb", 3.0] != before["hyb", 3.0]
+    _feed_exact(surf, "hyb", lambda b: 0.016 + 0.001 * b, (32.0,), windows=3)
+    after = answers()
+    # 2-step past its data at 32 streams: a size another profile now served.
+    assert after["eagle2", 32.0] != same_bucket["eagle2", 32.0]
+
+
+def test_an_adaptive_profiles_windows_move_its_memoised_accept_predictions_alone() -> None:
+    hyb = ProfileSpec(
+        "hyb",
+        num_steps=1,
+        draft_tokens=2,
+        algorithm="EAGLE3",
+        adaptive=True,
+        candidate_steps=(0, 1, 3),
+    )
+    a = AcceptLength([E2, hyb], min_windows=3, min_verify=100)
+
+    def window(t: float, profile: str, L: float) -> Observation:
+        return Observation(
+            t_s=t,
+            window_s=10.0,
+            profile=profile,
+            running_reqs=2.0,
+            workloads=(WorkloadWindow("chat", 200.0 * L + 10.0, 200.0, 10.0),),
+        )
+
+    for i in range(4):
+        a.update(window(10.0 * i, "eagle2", 2.5))
+        a.update(window(10.0 * i + 5.0, "hyb", 3.0))
+    e2, h = a.predict("eagle2", "chat"), a.predict("hyb", "chat", batch=2.0)
+    a.update(window(100.0, "hyb", 1.5))
+    assert a.predict("eagle2", "chat") == e2 == a._predict("eagle2", "chat", None, None)
+    h2 = a.predict("hyb", "chat", batch=2.0)
+    assert h2 == a._predict("hyb", "chat", None, 2.0) and h2 != h
+    a.update(window(110.0, "eagle2", 1.5))
+    assert a.predict("eagle2", "chat") == a._predict("eagle2", "chat", None, None) != e2

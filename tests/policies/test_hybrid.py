@@ -11,7 +11,10 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from policies import hybrid
 from policies.hybrid import (
     SGLANG_DEFAULT_TABLE,
     AcceptModel,
@@ -187,6 +190,57 @@ def test_block_increments_draw_a_batchs_sum_as_per_sequence_chain_draws_do(n: in
     assert got.std() == pytest.approx(truth.std(), rel=0.02)
     for q in (0.1, 0.5, 0.9):
         assert np.quantile(got, q) == pytest.approx(np.quantile(truth, q), abs=0.02)
+
+
+def _shares_interval_by_interval(
+    r: SlotRule, n: int, alphas: tuple[float, ...], shares: tuple[float, ...], start: int
+) -> tuple[tuple[int, float], ...]:
+    """The emulation stepped one update interval at a time (the definition the filtered runs
+    of _tier_shares_cached must reproduce exactly)."""
+    rng = np.random.default_rng(hybrid.EMULATION_SEED)
+    al, sh = np.array(alphas), np.array(shares)
+    g = start if start in r.candidate_steps else r.candidate_steps[len(r.candidate_steps) // 2]
+    ema = float(g - 1)
+    decay = (1.0 - r.ema_alpha) ** r.update_interval
+    total = hybrid.EMULATION_BURN_IN + hybrid.EMULATION_INTERVALS
+    inc: dict[int, np.ndarray] = {}
+    pos: dict[int, int] = {}
+    counts: dict[int, int] = {}
+    for it in range(total):
+        if g > 0:
+            if g not in inc:
+                inc[g] = _block_increments(rng, r, g, n, al, sh, total)
+                pos[g] = 0
+            ema = decay * ema + float(inc[g][pos[g]])
+            pos[g] += 1
+        if it >= hybrid.EMULATION_BURN_IN:
+            counts[g] = counts.get(g, 0) + 1
+        g, ema = hybrid._recompute(r, g, ema)
+    return tuple(sorted((k, v / hybrid.EMULATION_INTERVALS) for k, v in counts.items()))
+
+
+@given(
+    cands=st.sampled_from([(1, 3, 5, 7), (0, 1, 3), (0, 1), (2, 3), (1, 2, 4, 6), (0, 2, 5)]),
+    hyst=st.sampled_from([(0.0, -0.25), (0.0, 0.0), (0.5, -0.5), (0.25, 0.25)]),
+    ceiling=st.sampled_from([0.0, 0.0, 1.2, 2.0]),
+    n=st.sampled_from([1, 2, 5, 16, 48]),
+    alphas=st.lists(st.floats(0.05, 0.95), min_size=1, max_size=2),
+    start=st.integers(0, 7),
+)
+@settings(max_examples=60, deadline=None)
+def test_the_emulation_filters_runs_of_intervals_exactly_as_stepping_them(
+    cands: tuple[int, ...],
+    hyst: tuple[float, float],
+    ceiling: float,
+    n: int,
+    alphas: list[float],
+    start: int,
+) -> None:
+    rule = SlotRule(cands, hyst[0], hyst[1], ceiling_coeff=ceiling)
+    shares = tuple(1.0 / len(alphas) for _ in alphas)
+    hybrid._tier_shares_cached.cache_clear()
+    got = hybrid._tier_shares_cached(rule, n, tuple(alphas), shares, start)
+    assert got == _shares_interval_by_interval(rule, n, tuple(alphas), shares, start)
 
 
 def test_tier_zero_probing_alternates() -> None:
