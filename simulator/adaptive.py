@@ -211,6 +211,22 @@ class AdaptiveSlot:
                 target = cands[idx]
         return self._apply(target)
 
+    def stay_bounds(self) -> tuple[float, float, float]:
+        """(lo, hi, ceiling): `recompute` keeps the current tier (> 0) at an EMA e with
+        lo < e <= hi and, when ceiling > 0, max(1, ceil(e x ceiling)) >= the tier: the same
+        comparisons it makes (the drop to the candidate under it, the rise to the one over it,
+        the ceiling on a tier with one under it)."""
+        cfg, g = self.cfg, self.current_steps
+        cands = cfg.candidate_steps
+        idx = cands.index(g)
+        lo, hi = -math.inf, math.inf
+        if idx > 0:
+            prev = cands[idx - 1]
+            lo = (0.5 if prev == 0 else prev - 0.5) + cfg.down_hysteresis
+        if idx < len(cands) - 1:
+            hi = cands[idx] - 0.5 + cfg.up_hysteresis
+        return lo, hi, cfg.ceiling_coeff if idx > 0 else 0.0
+
     def _apply(self, target: int) -> bool:
         if target != self.current_steps:
             self.current_steps = target

@@ -663,14 +663,44 @@ class WindowEngine:
                     )
                     means = draw_accepted_drafts(self._rng, a, g).mean(axis=1)
                 slot.advance(means)
-            else:
-                k = every
+            elif g > 0 or len(cfg.candidate_steps) == 1:
+                # A run of whole intervals at tier g in a tight loop (the same float operations
+                # interval by interval), up to the window's end, the block's end or the first
+                # interval after which the rule may move: recompute decides there. A lone tier
+                # 0 never moves.
+                step = every * dt[g]
+                j = 0
+                moved = False
                 if g > 0:
                     buf, pos = self._blocks.get(g, ([], 0))
                     if pos >= len(buf):
                         buf, pos = self._block_terms(g, n, every, cfg.ema_alpha, alphas, shares), 0
-                    slot.ema_accept_len = decay * slot.ema_accept_len + buf[pos]
-                    self._blocks[g] = (buf, pos + 1)
+                    lo, hi, ceil_c = slot.stay_bounds()
+                    ema = slot.ema_accept_len
+                    end = len(buf)
+                    while t < budget_s and pos < end:
+                        ema = decay * ema + buf[pos]
+                        pos += 1
+                        j += 1
+                        t += step
+                        if not lo < ema <= hi or (
+                            ceil_c > 0 and max(1, math.ceil(ema * ceil_c)) < g
+                        ):
+                            moved = True
+                            break
+                    slot.ema_accept_len = ema
+                    self._blocks[g] = (buf, pos)
+                else:
+                    while t < budget_s:
+                        j += 1
+                        t += step
+                slot.batch_count += every * j
+                if moved:
+                    slot.recompute()
+                counts[g] = counts.get(g, 0) + every * j
+                continue
+            else:  # tier 0 among others: one interval, then the rule probes the next one up
+                k = every
                 slot.batch_count += every
                 slot.recompute()
             counts[g] = counts.get(g, 0) + k

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator.adaptive import (
     AdaptiveRule,
@@ -143,3 +146,26 @@ def test_rule_feeds_the_routed_slot_only() -> None:
         rule.on_verify_complete([0] * 10, 10)
     assert rule.slots[8].current_steps == 0  # ema 2 x 0.8^15 = 0.07 <= 0.5: 3 -> 1 -> 0
     assert rule.slots[1].current_steps == 3 and rule.slots[1].batch_count == 0
+
+
+@given(
+    cands=st.sampled_from([(1, 3, 5, 7), (0, 1, 3), (0, 1), (2, 3), (3,), (1, 2, 4, 6)]),
+    up=st.sampled_from([0.0, 0.25, 0.5]),
+    down=st.sampled_from([-0.25, 0.0, -0.5, 0.25]),
+    ceiling=st.sampled_from([0.0, 1.2, 2.0]),
+    pick=st.integers(0, 10),
+    ema=st.floats(-1.0, 8.0),
+)
+@settings(max_examples=300, deadline=None)
+def test_stay_bounds_say_where_recompute_keeps_the_tier(
+    cands: tuple[int, ...], up: float, down: float, ceiling: float, pick: int, ema: float
+) -> None:
+    spec = [c for c in cands if c > 0]
+    if not spec:
+        return
+    g = spec[pick % len(spec)]
+    slot = AdaptiveSlot(g, SlotConfig(cands, up, down, ceiling_coeff=ceiling))
+    lo, hi, ceil_c = slot.stay_bounds()
+    stays = lo < ema <= hi and not (ceil_c > 0 and max(1, math.ceil(ema * ceil_c)) < g)
+    slot.ema_accept_len = ema
+    assert (not slot.recompute()) == stays

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from simulator import model
 from simulator.engine import StepEngine, WindowEngine, drive_closed_loop
 from simulator.model import (
     CostScale,
@@ -288,3 +289,73 @@ def test_window_engine_day_is_fast() -> None:
     for _ in range(8640):
         we.run_window(10.0, 16, {"chat": 0.6, "code": 0.4})
     assert time.perf_counter() - t0 < 10.0  # ~0.3 s unloaded; generous for a busy CI box
+
+
+class IntervalByInterval(WindowEngine):
+    """The window engine with SGLang's rule stepped one update interval at a time: the
+    definition the engine's runs of intervals must reproduce exactly."""
+
+    def _run_adaptive(self, rule, n, budget_s, dt, alphas, shares):  # type: ignore[no-untyped-def]
+        slot = rule.slots[rule.bucket(n)]
+        cfg = slot.cfg
+        every = cfg.update_interval
+        decay = (1.0 - cfg.ema_alpha) ** every
+        # Slot shares move a little with the window's tier mix; 1% steps keep the draws reused.
+        shares = np.round(shares, 2)
+        shares = shares / shares.sum()
+        key = (rule.bucket(n), n, alphas.tobytes(), shares.tobytes())
+        if key != self._block_key:
+            self._block_key, self._blocks = key, {}
+        counts: dict[int, int] = {}
+        t = self._debt_s
+        while t < budget_s:
+            g = slot.current_steps
+            if slot.batch_count < cfg.warmup_batches:
+                k = cfg.warmup_batches - slot.batch_count
+                means = np.zeros(k)
+                if g > 0:
+                    a = (
+                        np.resize(alphas, (k, n))
+                        if len(alphas) == 1
+                        else alphas[self._rng.choice(len(alphas), size=(k, n), p=shares)]
+                    )
+                    means = model.draw_accepted_drafts(self._rng, a, g).mean(axis=1)
+                slot.advance(means)
+            else:
+                k = every
+                if g > 0:
+                    buf, pos = self._blocks.get(g, ([], 0))
+                    if pos >= len(buf):
+                        buf, pos = self._block_terms(g, n, every, cfg.ema_alpha, alphas, shares), 0
+                    slot.ema_accept_len = decay * slot.ema_accept_len + buf[pos]
+                    self._blocks[g] = (buf, pos + 1)
+                slot.batch_count += every
+                slot.recompute()
+            counts[g] = counts.get(g, 0) + k
+            t += k * dt[g]
+        self._debt_s = t - budget_s
+        return counts
+
+
+@pytest.mark.parametrize(
+    ("table", "mixes"),
+    [
+        (None, [{"chat": 1.0}, {"math": 1.0}, {"chat": 0.5, "code": 0.5}]),
+        (
+            {
+                "1": {"candidate_steps": [0, 2, 4], "ceiling_coeff": 1.5},
+                "16": {"candidate_steps": [0]},
+            },
+            [{"code": 1.0}, {"chat": 0.3, "math": 0.7}],
+        ),
+    ],
+)
+def test_runs_of_intervals_are_stepped_exactly_as_one_by_one(table, mixes) -> None:  # type: ignore[no-untyped-def]
+    p = load_profile(TUNED)
+    spec = SpecConfig.eagle3(3, adaptive=True, adaptive_config=table)
+    engines = [cls(p, spec, WL, seed=11) for cls in (WindowEngine, IntervalByInterval)]
+    for i in range(240):
+        conc = (1, 2, 8, 24, 40, 100)[i // 8 % 6]
+        mix = mixes[i // 16 % len(mixes)]
+        a, b = (e.run_window(10.0, conc, mix) for e in engines)
+        assert a == b, (i, conc, mix)
