@@ -18,6 +18,15 @@ from policies.types import DecodeMoments, Observation, ProfileSpec, WorkloadWind
 from tests.policies.synth import BASE, E2, E5, PROFILES, Cost, Synth
 
 ALPHAS = {"chat": 0.65, "code": 0.85}
+# An adaptive profile of the same drafter (SGLang's rule picks its tier per batch size).
+HYB = ProfileSpec(
+    "hyb",
+    num_steps=1,
+    draft_tokens=2,
+    algorithm="EAGLE3",
+    adaptive=True,
+    candidate_steps=(0, 1, 3, 5),
+)
 MIX = {"chat": 0.5, "code": 0.5}
 
 
@@ -135,15 +144,7 @@ def test_an_adaptive_profiles_accept_length_is_read_where_it_served() -> None:
     """SGLang's rule runs a deep tier at two streams and tier 0 at 64: one accept length per
     workload would be neither. At a batch size the profile served, its windows there say; at
     one it did not, nothing does; the aggregate and per-workload levels are kept as before."""
-    hyb = ProfileSpec(
-        "hyb",
-        num_steps=1,
-        draft_tokens=2,
-        algorithm="EAGLE3",
-        adaptive=True,
-        candidate_steps=(0, 1, 3, 5),
-    )
-    a = AcceptLength([hyb], min_windows=3, min_verify=100)
+    a = AcceptLength([HYB], min_windows=3, min_verify=100)
     t = 0.0
     for batch, L in ((2.0, 4.0), (64.0, 1.0)):
         for _ in range(10):
@@ -617,15 +618,7 @@ def test_an_adaptive_profiles_windows_keep_only_the_memoised_estimates_they_cann
     """Windows of a running adaptive profile move its own estimates; the fixed profiles' stay
     memoised until a window makes a batch size served that was not (their continuation past
     their data reads that) or the shared fit is due: every answer is the one computed afresh."""
-    hyb = ProfileSpec(
-        "hyb",
-        num_steps=1,
-        draft_tokens=2,
-        algorithm="EAGLE3",
-        adaptive=True,
-        candidate_steps=(0, 1, 3),
-    )
-    surf = CycleTimeSurface([BASE, E2, hyb], min_windows=3)
+    surf = CycleTimeSurface([BASE, E2, HYB], min_windows=3)
     _feed_exact(surf, "baseline", lambda b: 0.010 + 0.0004 * b, (2.0, 4.0, 8.0))
     _feed_exact(surf, "eagle2", lambda b: 0.014 + 0.0009 * b, (2.0, 4.0))
     batches = (1.0, 3.0, 8.0, 16.0, 32.0)
@@ -650,15 +643,7 @@ def test_an_adaptive_profiles_windows_keep_only_the_memoised_estimates_they_cann
 
 
 def test_an_adaptive_profiles_windows_move_its_memoised_accept_predictions_alone() -> None:
-    hyb = ProfileSpec(
-        "hyb",
-        num_steps=1,
-        draft_tokens=2,
-        algorithm="EAGLE3",
-        adaptive=True,
-        candidate_steps=(0, 1, 3),
-    )
-    a = AcceptLength([E2, hyb], min_windows=3, min_verify=100)
+    a = AcceptLength([E2, HYB], min_windows=3, min_verify=100)
 
     def window(t: float, profile: str, L: float) -> Observation:
         return Observation(
