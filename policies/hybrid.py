@@ -331,7 +331,8 @@ class AcceptModel:
         """tokens_per_seq_cycle at tier g with the `which` ("low", "mean", "high") alphas."""
         key = (which, g)
         if key not in self._per_cycle:
-            self._per_cycle[key] = tokens_per_seq_cycle(*self.alphas_of(which), g)
+            al, sh = self.alphas_of(which)
+            self._per_cycle[key] = _tokens_per_cycle(tuple(al.tolist()), tuple(sh.tolist()), g)
         return self._per_cycle[key]
 
 
@@ -346,6 +347,13 @@ def slot_shares(alphas: np.ndarray, token_shares: np.ndarray, g: int) -> np.ndar
     """Share of a batch's sequences per workload at tier g: tokens / accept length."""
     w = token_shares / (1.0 + _accepted_mean(alphas, g))
     return w / w.sum()
+
+
+@functools.lru_cache(maxsize=4096)
+def _tokens_per_cycle(alphas: tuple[float, ...], shares: tuple[float, ...], g: int) -> float:
+    """tokens_per_seq_cycle memoised on its values (the fixed profiles' alphas and the mix
+    hold across the looks of a running adaptive profile)."""
+    return tokens_per_seq_cycle(np.array(alphas), np.array(shares), g)
 
 
 def tokens_per_seq_cycle(alphas: np.ndarray, token_shares: np.ndarray, g: int) -> float:
