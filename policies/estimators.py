@@ -78,6 +78,10 @@ MIN_MIX_SHARE = 0.02
 # of new evidence cannot move a least-squares fit by more than its own noise, and refitting
 # every window would cost more than all the other work of a tick.
 REFIT_FRACTION = 0.05
+# Memoised answers kept at most (cleared when full): batch sizes are floats (the concurrency
+# estimate moves every window), so a profile that is not running would otherwise add entries
+# until the next refit, which grows rarer as the data grows.
+MEMO_MAX = 4096
 
 # FIELD.md: the draft model is under 5% of the cycle (profiled); the upper end of one never-run
 # profile's draft steps when cycle times cannot separate them from the verify forward.
@@ -772,6 +776,8 @@ class CycleTimeSurface:
             raise ValueError(f"batch must be a positive number, got {batch!r}")
         key = (profile, float(batch))
         if key not in self._memo:
+            if len(self._memo) >= MEMO_MAX:
+                self._memo.clear()
             self._memo[key] = self._estimate(profile, batch)
         return self._memo[key]
 
@@ -1407,6 +1413,8 @@ class AcceptLength:
         adaptive profile at `batch`: its own windows in that batch bucket, else None."""
         key = (profile, workload, fresh_since_s, batch)
         if key not in self._memo:
+            if len(self._memo) >= MEMO_MAX:
+                self._memo.clear()
             self._memo[key] = self._predict(profile, workload, fresh_since_s, batch)
         return self._memo[key]
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from policies.chain import expected_accept_length
 from policies.estimators import (
     AGGREGATE,
+    MEMO_MAX,
     AcceptLength,
     Concurrency,
     CycleTimeSurface,
@@ -664,3 +665,16 @@ def test_an_adaptive_profiles_windows_move_its_memoised_accept_predictions_alone
     assert h2 == a._predict("hyb", "chat", None, 2.0) and h2 != h
     a.update(window(110.0, "eagle2", 1.5))
     assert a.predict("eagle2", "chat") == a._predict("eagle2", "chat", None, None) != e2
+
+
+def test_memoised_answers_stay_bounded_between_changes() -> None:
+    """A profile that is not running is asked at a new batch size every window (the
+    concurrency estimate moves): the memo is emptied when full, not grown until a refit."""
+    syn = Synth(seed=9)
+    m = ThroughputModel(PROFILES)
+    feed(m, syn, E2, 0, 6, 8)
+    for i in range(2 * MEMO_MAX + 10):
+        b = 1.0 + i / 97.0
+        assert m.cycle.estimate("eagle2", b) == m.cycle._estimate("eagle2", b)
+        m.accept.predict("eagle2", "chat", float(i))
+    assert len(m.cycle._memo) <= MEMO_MAX and len(m.accept._memo) <= MEMO_MAX
