@@ -43,7 +43,6 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-from scipy.signal import lfilter
 
 from policies.chain import Z90, alpha_from_accept_length
 from policies.forward_cost import line_pair
@@ -451,28 +450,19 @@ def _block_increments(
     return (np.minimum(sums, len(cdf) - 1) / n) @ w
 
 
-def _stays(r: SlotRule, g: int, ema: np.ndarray) -> np.ndarray:
-    """Where _recompute keeps tier g > 0 at these EMA values (elementwise, the same float
-    comparisons): not at or below the drop to the candidate under it, not above the rise to
-    the one over it, and not under the ceiling. Where it says the tier moves, _recompute
-    decides (so only a stay it wrongly allowed could change an emulation)."""
+def _stay_bounds(r: SlotRule, g: int) -> tuple[float, float, float]:
+    """(lo, hi, ceiling): _recompute keeps tier g > 0 at an EMA e with lo < e <= hi and, when
+    ceiling > 0, max(1, ceil(e x ceiling)) >= g: the same comparisons it makes (the drop to the
+    candidate under g, the rise to the one over it, the ceiling on a tier with one under it)."""
     cands = r.candidate_steps
     idx = cands.index(g)
-    keep = np.ones(ema.shape, dtype=bool)
+    lo, hi = -math.inf, math.inf
     if idx > 0:
         prev = cands[idx - 1]
-        keep &= ema > (0.5 if prev == 0 else prev - 0.5) + r.down_hysteresis
+        lo = (0.5 if prev == 0 else prev - 0.5) + r.down_hysteresis
     if idx < len(cands) - 1:
-        keep &= ema <= cands[idx] - 0.5 + r.up_hysteresis
-    if r.ceiling_coeff > 0 and idx > 0:
-        keep &= np.maximum(1.0, np.ceil(ema * r.ceiling_coeff)) >= g
-    return keep
-
-
-# A visit to a tier is stepped interval by interval this long before the rest of it is filtered
-# in numpy in growing chunks: a rule alternating every interval (tier 0 probing) stays scalar.
-SCALAR_STEPS = 4
-FIRST_CHUNK = 32
+        hi = cands[idx] - 0.5 + r.up_hysteresis
+    return lo, hi, r.ceiling_coeff if idx > 0 else 0.0
 
 
 @functools.lru_cache(maxsize=4096)
@@ -486,47 +476,34 @@ def _tier_shares_cached(
     ema = float(g - 1)
     decay = (1.0 - r.ema_alpha) ** r.update_interval
     total = EMULATION_BURN_IN + EMULATION_INTERVALS
-    inc: dict[int, np.ndarray] = {}
+    inc: dict[int, list[float]] = {}
     pos: dict[int, int] = {}
     counts: dict[int, int] = {}
 
-    def count(tier: int, first: int, k: int) -> None:
-        """Intervals first .. first + k - 1 spent at `tier`, those after the burn-in counted."""
-        c = min(first + k, total) - max(first, EMULATION_BURN_IN)
-        if c > 0:
-            counts[tier] = counts.get(tier, 0) + c
-
     it = 0
     while it < total:
-        if g > 0 and g not in inc:
-            inc[g] = _block_increments(rng, r, g, n, al, sh, total)
-            pos[g] = 0
-        # An interval: the EMA takes the tier's increment, the interval counts, the rule looks.
-        visit = g
-        for _ in range(SCALAR_STEPS):
-            if it >= total or g != visit:
-                break
-            if g > 0:
-                ema = decay * ema + float(inc[g][pos[g]])
-                pos[g] += 1
-            count(g, it, 1)
+        first = it
+        if g == 0:  # tier 0 has no acceptance to average: the rule looks after one interval
             it += 1
-            g, ema = _recompute(r, g, ema)
-        chunk = FIRST_CHUNK
-        while g == visit and g > 0 and it < total:
-            # The same intervals at once: the EMA filtered over the tier's next increments (the
-            # same float operations as the loop above), up to the first where the rule moves.
-            x = inc[g][pos[g] : pos[g] + min(chunk, total - it)]
-            e = lfilter([1.0], [1.0, -decay], x, zi=[decay * ema])[0]
-            moves = np.flatnonzero(~_stays(r, g, e))
-            k = int(moves[0]) + 1 if moves.size else len(e)
-            ema = float(e[k - 1])
-            pos[g] += k
-            count(g, it, k)
-            it += k
-            if moves.size:
-                g, ema = _recompute(r, g, ema)
-            chunk *= 4
+        else:
+            # The run of intervals at tier g in a tight loop (the EMA takes the tier's
+            # increments), up to the first after which the rule may move: _recompute decides.
+            if g not in inc:
+                inc[g] = _block_increments(rng, r, g, n, al, sh, total).tolist()
+                pos[g] = 0
+            lo, hi, ceil_c = _stay_bounds(r, g)
+            xs, p = inc[g], pos[g]
+            while it < total:
+                ema = decay * ema + xs[p]
+                p += 1
+                it += 1
+                if not lo < ema <= hi or (ceil_c > 0 and max(1, math.ceil(ema * ceil_c)) < g):
+                    break
+            pos[g] = p
+        c = it - max(first, EMULATION_BURN_IN)  # the intervals after the burn-in count
+        if c > 0:
+            counts[g] = counts.get(g, 0) + c
+        g, ema = _recompute(r, g, ema)
     return tuple(sorted((k, v / EMULATION_INTERVALS) for k, v in counts.items()))
 
 

@@ -195,7 +195,7 @@ def test_block_increments_draw_a_batchs_sum_as_per_sequence_chain_draws_do(n: in
 def _shares_interval_by_interval(
     r: SlotRule, n: int, alphas: tuple[float, ...], shares: tuple[float, ...], start: int
 ) -> tuple[tuple[int, float], ...]:
-    """The emulation stepped one update interval at a time (the definition the filtered runs
+    """The emulation stepped one update interval at a time (the definition the runs
     of _tier_shares_cached must reproduce exactly)."""
     rng = np.random.default_rng(hybrid.EMULATION_SEED)
     al, sh = np.array(alphas), np.array(shares)
@@ -228,7 +228,7 @@ def _shares_interval_by_interval(
     start=st.integers(0, 7),
 )
 @settings(max_examples=60, deadline=None)
-def test_the_emulation_filters_runs_of_intervals_exactly_as_stepping_them(
+def test_the_emulation_runs_intervals_at_once_exactly_as_stepping_them(
     cands: tuple[int, ...],
     hyst: tuple[float, float],
     ceiling: float,
