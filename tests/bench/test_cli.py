@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from controller.bench.cli import bench
 from controller.bench.metrics import JSON_KEYS
-from controller.bench.report import target_checks
+from controller.bench.report import replay_budget, target_checks
 from controller.bench.runner import run_scenario
 from controller.bench.scenario import load_scenario, shipped_scenarios
 
@@ -154,10 +154,19 @@ def test_short_shipped_scenario(path: Path) -> None:
 @pytest.mark.skipif(os.environ.get("SPECPILOT_LONG") != "1", reason="SPECPILOT_LONG=1 runs it")
 @pytest.mark.parametrize("path", shipped_scenarios(), ids=lambda p: p.stem)
 def test_full_shipped_scenario(path: Path) -> None:
-    """The full 24-hour replay of a shipped scenario: every policy, each replay within the
-    10-second budget, and the issue's targets printed (measured and reported, not asserted)."""
+    """The full 24-hour replay of a shipped scenario: every policy, with the issue's targets and
+    each replay's wall time against the 10-second budget printed (measured and reported, not
+    asserted: performance is the benchmark's to measure, not a timed test's)."""
     res = run_scenario(load_scenario(path))
-    slow = {n: s for n, s in res.timings.items() if s > 10.0}
-    assert not slow, slow
-    for ok, text in target_checks(res):
+    assert all(r.tokens > 0 for r in res.rows)
+    checks = [*target_checks(res), replay_budget(res.timings, res.scenario.duration_s)]
+    for ok, text in checks:
         print(("met    " if ok else "MISSED ") + text)
+
+
+def test_the_replay_budget_names_every_replay_over_it() -> None:
+    half_day = 12 * 3600.0
+    ok, text = replay_budget({"specpilot": 2.0, "ucb": 1.0}, half_day)
+    assert ok and text == "replay <= 10 s per 24 h: slowest specpilot 4.00 s"
+    ok, text = replay_budget({"a": 6.0, "b": 5.5, "c": 1.0}, half_day)
+    assert not ok and text == "replay <= 10 s per 24 h: over it a 12.00 s, b 11.00 s"
