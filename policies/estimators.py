@@ -83,6 +83,28 @@ REFIT_FRACTION = 0.05
 # until the next refit, which grows rarer as the data grows.
 MEMO_MAX = 4096
 
+
+class _Memo(dict[tuple[Any, ...], Any]):
+    """Answers keyed by (profile, ...) and memoised between changes of the statistics they
+    read: at most MEMO_MAX of them (emptied when full). Derived, never persisted."""
+
+    def answer(self, key: tuple[Any, ...], compute: Any) -> Any:
+        if key not in self:
+            if len(self) >= MEMO_MAX:
+                self.clear()
+            self[key] = compute()
+        return self[key]
+
+    def forget(self, profile: str, *, only_its_own: bool) -> None:
+        """A change of `profile`'s statistics: its own answers go; every answer goes unless
+        `only_its_own` (no other profile's answer reads them)."""
+        if not only_its_own:
+            self.clear()
+            return
+        for k in [k for k in self if k[0] == profile]:
+            del self[k]
+
+
 # FIELD.md: the draft model is under 5% of the cycle (profiled); the upper end of one never-run
 # profile's draft steps when cycle times cannot separate them from the verify forward.
 DRAFT_SHARE_MAX = 0.05
@@ -304,7 +326,7 @@ class CycleTimeSurface:
         # Derived, not persisted: estimates asked for since the statistics they read last
         # changed (one decision asks for the same profile at the same batch size many times,
         # and a profile not running answers the same until something it reads moves).
-        self._memo: dict[tuple[str, float], Estimate | None] = {}
+        self._memo = _Memo()
         self.set_expert_share(expert_share)
         self._steps_since_fit = 0.0
         self._fit_members: tuple[tuple[str, int | None], ...] = ()
@@ -385,11 +407,8 @@ class CycleTimeSurface:
         they are now: all go. An adaptive profile's are read by its own estimates, and by
         another's only through _served_by_any, which reads which batch buckets hold data: a
         change there is a change of _members, so the refit is due and all go."""
-        if self._fit_dirty or not self.specs[profile].adaptive:
-            self._memo.clear()
-            return
-        for k in [k for k in self._memo if k[0] == profile]:
-            del self._memo[k]
+        own = self.specs[profile].adaptive and not self._fit_dirty
+        self._memo.forget(profile, only_its_own=own)
 
     def _members(self) -> tuple[tuple[str, int | None], ...]:
         """The profiles with enough data (bucket None), and their batch buckets with enough: a
@@ -774,12 +793,10 @@ class CycleTimeSurface:
         """Cycle seconds of `profile` at `batch` with a ~90% interval, or None."""
         if batch <= 0 or not math.isfinite(batch):
             raise ValueError(f"batch must be a positive number, got {batch!r}")
-        key = (profile, float(batch))
-        if key not in self._memo:
-            if len(self._memo) >= MEMO_MAX:
-                self._memo.clear()
-            self._memo[key] = self._estimate(profile, batch)
-        return self._memo[key]
+        e: Estimate | None = self._memo.answer(
+            (profile, float(batch)), lambda: self._estimate(profile, batch)
+        )
+        return e
 
     def _estimate(self, profile: str, batch: float) -> Estimate | None:
         own = self._own_predict(profile, batch)
@@ -1211,7 +1228,7 @@ class AcceptLength:
         # {g': (mean, low, high)}) so truncation/tail fits are not redone every window.
         self._shape: dict[str, tuple[float, float, dict[int, tuple[float, float, float]]]] = {}
         # Derived, not persisted: predictions asked for since the evidence last changed.
-        self._memo: dict[tuple[str, str, float | None, float | None], AcceptPrediction | None] = {}
+        self._memo = _Memo()
 
     def _add_ratio(
         self, st: _RatioStats, gen: float, req: float, ver: float, g: int, t_s: float, lam: float
@@ -1248,11 +1265,8 @@ class AcceptLength:
             raise KeyError(f"unknown profile {obs.profile!r}")
         if not spec.speculative or spec.num_steps < 1:
             return None
-        if spec.adaptive:  # read by its own predictions alone (cross_predictable)
-            for k in [k for k in self._memo if k[0] == spec.name]:
-                del self._memo[k]
-        else:
-            self._memo.clear()
+        # An adaptive profile's evidence is read by its own predictions alone (cross_predictable).
+        self._memo.forget(spec.name, only_its_own=spec.adaptive)
         g = spec.max_steps
         lam = decay(obs.window_s, self.half_life_s)
         per = self.ratios[obs.profile]
@@ -1411,12 +1425,11 @@ class AcceptLength:
         shallower one, the constant-alpha model when only means exist), then stale own data,
         then stale cross predictions. Fresh = newest data at or after `fresh_since_s`. An
         adaptive profile at `batch`: its own windows in that batch bucket, else None."""
-        key = (profile, workload, fresh_since_s, batch)
-        if key not in self._memo:
-            if len(self._memo) >= MEMO_MAX:
-                self._memo.clear()
-            self._memo[key] = self._predict(profile, workload, fresh_since_s, batch)
-        return self._memo[key]
+        ap: AcceptPrediction | None = self._memo.answer(
+            (profile, workload, fresh_since_s, batch),
+            lambda: self._predict(profile, workload, fresh_since_s, batch),
+        )
+        return ap
 
     def _predict(
         self, profile: str, workload: str, fresh_since_s: float | None, batch: float | None

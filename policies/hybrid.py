@@ -125,6 +125,14 @@ class SlotRule:
     update_interval: int = SGLANG_UPDATE_INTERVAL
     warmup_batches: int = SGLANG_WARMUP_BATCHES
 
+    def drop_to(self, prev: int) -> float:
+        """The EMA at or below which the rule steps down to candidate `prev`."""
+        return (0.5 if prev == 0 else prev - 0.5) + self.down_hysteresis
+
+    def rise_from(self, cur: int) -> float:
+        """The EMA above which the rule steps up from candidate `cur`."""
+        return cur - 0.5 + self.up_hysteresis
+
     def to_json(self) -> dict[str, Any]:
         return {
             "candidate_steps": list(self.candidate_steps),
@@ -380,15 +388,10 @@ def _recompute(r: SlotRule, g: int, ema: float) -> tuple[int, float]:
         if target > 0 and ema < 0:
             ema = float(target - 1)
         return target, ema
-    while idx > 0:
-        prev = cands[idx - 1]
-        drop = (0.5 if prev == 0 else prev - 0.5) + r.down_hysteresis
-        if ema <= drop:
-            idx -= 1
-        else:
-            break
+    while idx > 0 and ema <= r.drop_to(cands[idx - 1]):
+        idx -= 1
     if idx >= old_idx:
-        while idx < len(cands) - 1 and ema > cands[idx] - 0.5 + r.up_hysteresis:
+        while idx < len(cands) - 1 and ema > r.rise_from(cands[idx]):
             idx += 1
     target = cands[idx]
     if r.ceiling_coeff > 0:
@@ -456,12 +459,8 @@ def _stay_bounds(r: SlotRule, g: int) -> tuple[float, float, float]:
     candidate under g, the rise to the one over it, the ceiling on a tier with one under it)."""
     cands = r.candidate_steps
     idx = cands.index(g)
-    lo, hi = -math.inf, math.inf
-    if idx > 0:
-        prev = cands[idx - 1]
-        lo = (0.5 if prev == 0 else prev - 0.5) + r.down_hysteresis
-    if idx < len(cands) - 1:
-        hi = cands[idx] - 0.5 + r.up_hysteresis
+    lo = r.drop_to(cands[idx - 1]) if idx > 0 else -math.inf
+    hi = r.rise_from(g) if idx < len(cands) - 1 else math.inf
     return lo, hi, r.ceiling_coeff if idx > 0 else 0.0
 
 

@@ -59,6 +59,14 @@ class SlotConfig:
     update_interval: int = 5
     warmup_batches: int = 10
 
+    def drop_to(self, prev: int) -> float:
+        """The EMA at or below which the rule steps down to candidate `prev`."""
+        return (0.5 if prev == 0 else prev - 0.5) + self.down_hysteresis
+
+    def rise_from(self, cur: int) -> float:
+        """The EMA above which the rule steps up from candidate `cur`."""
+        return cur - 0.5 + self.up_hysteresis
+
 
 def _num(key: str, name: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
@@ -189,19 +197,11 @@ class AdaptiveSlot:
             if target > 0 and self.ema_accept_len < 0:
                 self.ema_accept_len = float(target - 1)
             return self._apply(target)
-        while idx > 0:
-            prev = cands[idx - 1]
-            drop = (0.5 if prev == 0 else prev - 0.5) + self.cfg.down_hysteresis
-            if self.ema_accept_len <= drop:
-                idx -= 1
-            else:
-                break
+        while idx > 0 and self.ema_accept_len <= self.cfg.drop_to(cands[idx - 1]):
+            idx -= 1
         if idx >= old_idx:
-            while idx < len(cands) - 1:
-                if self.ema_accept_len > cands[idx] - 0.5 + self.cfg.up_hysteresis:
-                    idx += 1
-                else:
-                    break
+            while idx < len(cands) - 1 and self.ema_accept_len > self.cfg.rise_from(cands[idx]):
+                idx += 1
         target = cands[idx]
         if self.cfg.ceiling_coeff > 0:
             ceiling = max(1, math.ceil(self.ema_accept_len * self.cfg.ceiling_coeff))
@@ -219,12 +219,8 @@ class AdaptiveSlot:
         cfg, g = self.cfg, self.current_steps
         cands = cfg.candidate_steps
         idx = cands.index(g)
-        lo, hi = -math.inf, math.inf
-        if idx > 0:
-            prev = cands[idx - 1]
-            lo = (0.5 if prev == 0 else prev - 0.5) + cfg.down_hysteresis
-        if idx < len(cands) - 1:
-            hi = cands[idx] - 0.5 + cfg.up_hysteresis
+        lo = cfg.drop_to(cands[idx - 1]) if idx > 0 else -math.inf
+        hi = cfg.rise_from(g) if idx < len(cands) - 1 else math.inf
         return lo, hi, cfg.ceiling_coeff if idx > 0 else 0.0
 
     def _apply(self, target: int) -> bool:
