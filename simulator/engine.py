@@ -484,6 +484,10 @@ class WindowResult:
 # beyond (the chain pmf is aperiodic, so K(m) - m/E[L] converges geometrically fast).
 _DP_EXACT_TOKENS = 256
 
+# Window models one engine keeps (emptied when full). An adaptive server's models follow its
+# window's tier mix, in 1% steps: a day of one holds a few hundred to a few thousand.
+MODELS_MAX = 4096
+
 
 @cache
 def _cycles_per_request(
@@ -520,16 +524,16 @@ class _WindowModel:
     """Everything about a window that depends only on (workloads, mix, batch, tiers, scale)."""
 
     t_pf: float  # prefill time per decode cycle
-    cyc: dict[int, float]  # decode cycle time per tier
+    cyc: dict[int, float]  # decode cycle time per tier (filled on first use: WindowEngine._cyc)
+    ctx: float  # mean context of a decode cycle, which the cycle times depend on
     finishes_per_cycle: float
     p_prefill: float
-    en: np.ndarray
-    ek: np.ndarray
     shares: np.ndarray
     trunc: float
-    hist_pmf: dict[int, np.ndarray]  # per tier, accepted-drafts pmf over the batch
-    sd_n: np.ndarray
-    ver_noise: np.ndarray  # var(L) / E[L]^3 per workload
+    hist_pmf: dict[int, np.ndarray]  # per tier, accepted-drafts pmf over the batch (sums to 1)
+    # Per workload, as Python floats for the window's scalar arithmetic: (E[n], E[K], the
+    # output length's sd, var(L) / E[L]^3).
+    per_workload: tuple[tuple[float, float, float, float], ...]
 
 
 class WindowEngine:
@@ -572,6 +576,10 @@ class WindowEngine:
         self._models: dict[tuple[object, ...], _WindowModel] = {}
         self._block_key: tuple[object, ...] | None = None
         self._blocks: dict[int, tuple[list[float], int]] = {}
+        # The tiers with captured graphs (0 alone for the baseline), ascending.
+        self._tiers: tuple[int, ...] = spec.tiers if spec.speculative else (0,)
+        self._shares_given = b""  # the last slot shares given to _run_adaptive, and as drawn
+        self._shares_drawn = np.ones(1)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -643,8 +651,11 @@ class WindowEngine:
         every = cfg.update_interval
         decay = (1.0 - cfg.ema_alpha) ** every
         # Slot shares move a little with the window's tier mix; 1% steps keep the draws reused.
-        shares = np.round(shares, 2)
-        shares = shares / shares.sum()
+        given = shares.tobytes()
+        if given != self._shares_given:
+            rounded = np.round(shares, 2)
+            self._shares_given, self._shares_drawn = given, rounded / rounded.sum()
+        shares = self._shares_drawn
         key = (rule.bucket(n), n, alphas.tobytes(), shares.tobytes())
         if key != self._block_key:
             self._block_key, self._blocks = key, {}
@@ -739,11 +750,6 @@ class WindowEngine:
         pf_fixed = prof.prefill_s(1, 0.0, spec, scale)
         pf_per_tok = (prof.prefill_s(1, 1000.0, spec, scale) - pf_fixed) / 1000.0
         t_pf = p_prefill * pf_fixed + finishes * float(np.dot(mix, prompts)) * pf_per_tok
-        cands = spec.tiers if spec.speculative else (0,)
-        cyc = {
-            g: float(prof.cycle_s(n_run, spec, g if spec.speculative else None, ctx, scale))
-            for g in set(cands) | set(tier_map)
-        }
         pmfs = [np.asarray(self._step_pmf(w.alpha, tier_map)) for w in ws]
         ls = [np.arange(1, len(pm) + 1) for pm in pmfs]
         el = np.array([float(np.dot(pm, lv)) for pm, lv in zip(pmfs, ls, strict=True)])
@@ -761,26 +767,37 @@ class WindowEngine:
                 for sh, w in zip(shares, ws, strict=True):
                     pmf[: g + 1] += sh * accepted_drafts_pmf(w.alpha, g)
                 pmf /= pmf.sum()
-            hist_pmf[g] = pmf
+            hist_pmf[g] = pmf / pmf.sum()
+        sd_n = np.array([w.output_length_moments()[1] for w in ws])
+        ver_noise = np.maximum(0.0, var_l) / el**3
         model = _WindowModel(
             t_pf=t_pf,
-            cyc=cyc,
+            cyc={},
+            ctx=ctx,
             finishes_per_cycle=finishes,
             p_prefill=p_prefill,
-            en=en,
-            ek=ek,
             shares=shares,
             # Truncation at the output length: emitted decode tokens per slot-cycle are
             # E[n - 1] / E[K], not E[L].
             trunc=float(np.dot(mix, en - 1.0)) / ek_mix / mean_l,
             hist_pmf=hist_pmf,
-            sd_n=np.array([w.output_length_moments()[1] for w in ws]),
-            ver_noise=np.maximum(0.0, var_l) / el**3,
+            per_workload=tuple(
+                zip(en.tolist(), ek.tolist(), sd_n.tolist(), ver_noise.tolist(), strict=True)
+            ),
         )
-        if len(self._models) > 512:  # scenario phases change mixes: keep the cache bounded
+        if len(self._models) >= MODELS_MAX:  # phases change mixes: keep the cache bounded
             self._models.clear()
         self._models[key] = model
         return model
+
+    def _cyc(self, m: _WindowModel, g: int, n_run: int, scale: CostScale) -> float:
+        """The decode cycle time of tier g under window model m (of batch n_run, at scale)."""
+        c = m.cyc.get(g)
+        if c is None:
+            spec = self.spec
+            steps = g if spec.speculative else None
+            c = m.cyc[g] = float(self.profile.cycle_s(n_run, spec, steps, m.ctx, scale))
+        return c
 
     def run_window(
         self,
@@ -820,14 +837,14 @@ class WindowEngine:
         if self.adaptive is not None:
             prior = self._last_tiers or ((self.adaptive.steps_for_batch(n_run), 1.0),)
             m0 = self._model(ws, mixw, n_run, prior, scale)
-            dt = {g: c + m0.t_pf for g, c in m0.cyc.items()}
+            dt = {g: self._cyc(m0, g, n_run, scale) + m0.t_pf for g in self._tiers}
             alphas = np.array([w.alpha for w in ws])
             tiers_used = self._run_adaptive(self.adaptive, n_run, duration_s, dt, alphas, m0.shares)
             cycles = sum(tiers_used.values())
         else:
             g0 = spec.num_steps if spec.speculative else 0
             m0 = self._model(ws, mixw, n_run, ((g0, 1.0),), scale)
-            cycles_exact = duration_s / (m0.cyc[g0] + m0.t_pf) + self._carry
+            cycles_exact = duration_s / (self._cyc(m0, g0, n_run, scale) + m0.t_pf) + self._carry
             cycles = int(cycles_exact)
             self._carry = cycles_exact - cycles
             tiers_used = {g0: cycles} if cycles else {}
@@ -843,11 +860,11 @@ class WindowEngine:
             m = self._model(ws, mixw, n_run, tiers, scale)
         else:
             m = m0
-        step_time = float(sum(c * m.cyc[g] for g, c in tiers_used.items()))
+        step_time = float(sum(c * self._cyc(m, g, n_run, scale) for g, c in tiers_used.items()))
 
         # Verify events and the accepted-drafts histogram (one event per slot per cycle).
         if spec.speculative:
-            gmax = max(spec.tiers)
+            gmax = self._tiers[-1]
             hist = np.zeros(gmax + 1)
             for g, c in tiers_used.items():
                 pmf = m.hist_pmf.get(g)
@@ -857,28 +874,32 @@ class WindowEngine:
                     if g > 0:
                         for sh, w in zip(m.shares, ws, strict=True):
                             pmf[: g + 1] += sh * accepted_drafts_pmf(w.alpha, g)
-                hist += rng.multinomial(c * n_run, pmf / pmf.sum())
+                    pmf = pmf / pmf.sum()
+                hist += rng.multinomial(c * n_run, pmf)
             raw_tokens = float(np.dot(np.arange(1, gmax + 2), hist))
         else:
             hist = np.zeros(0)
             raw_tokens = float(cycles * n_run)
-        req = rng.poisson(cycles * m.finishes_per_cycle * np.asarray(mixw)).astype(float)
-        output_tokens = raw_tokens * m.trunc + float(req.sum())
+        # One scalar draw per workload, in order: the same stream as one array draw, faster.
+        finishes = cycles * m.finishes_per_cycle
+        req = [float(rng.poisson(finishes * x)) for x in mixw]
+        output_tokens = raw_tokens * m.trunc + sum(req)
 
         gen: dict[str, float] = {}
         ver: dict[str, float] = {}
         reqs: dict[str, float] = {}
-        noise = rng.standard_normal((len(labels), 2))
-        for i, label in enumerate(labels):
-            r = float(req[i])
+        noise = rng.standard_normal((len(labels), 2)).tolist()
+        for label, r, (en_i, ek_i, sd_i, vn_i), (z_len, z_acc) in zip(
+            labels, req, m.per_workload, noise, strict=True
+        ):
             g_tok = v = 0.0
             if r > 0:
-                g_tok = max(r, r * m.en[i] + math.sqrt(r) * m.sd_n[i] * noise[i, 0])
+                g_tok = max(r, r * en_i + math.sqrt(r) * sd_i * z_len)
                 if spec.speculative:
-                    mu = (m.en[i] - 1.0) / m.ek[i] if m.ek[i] > 0 else 1.0
-                    v = r * m.ek[i] + (g_tok - r * m.en[i]) / mu
+                    mu = (en_i - 1.0) / ek_i if ek_i > 0 else 1.0
+                    v = r * ek_i + (g_tok - r * en_i) / mu
                     # Acceptance randomness given the lengths: var(K | n) ~ n var(L) / E[L]^3.
-                    v = max(0.0, v + math.sqrt(g_tok * m.ver_noise[i]) * noise[i, 1])
+                    v = max(0.0, v + math.sqrt(g_tok * vn_i) * z_acc)
             gen[label] = gen.get(label, 0.0) + float(round(g_tok))
             ver[label] = ver.get(label, 0.0) + float(round(v))
             reqs[label] = reqs.get(label, 0.0) + r

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from simulator.engine import WindowResult
 
 
@@ -25,8 +23,8 @@ class ServerCounters:
     req: dict[str, float]
     decode_tokens: float
     cycles: float
-    moments: np.ndarray
-    hist: np.ndarray
+    moments: list[float]
+    hist: list[float]
     last: WindowResult | None
 
     def _reset_counters(self, hist_len: int) -> None:
@@ -37,8 +35,8 @@ class ServerCounters:
         self.req = {}
         self.decode_tokens = 0.0
         self.cycles = 0.0
-        self.moments = np.zeros(6)
-        self.hist = np.zeros(hist_len)
+        self.moments = [0.0] * 6
+        self.hist = [0.0] * hist_len
         self.last = None
 
     def _accumulate(self, r: WindowResult) -> None:
@@ -54,13 +52,18 @@ class ServerCounters:
         decode = max(0.0, r.output_tokens - sum(r.requests.values()))
         self.decode_tokens += decode
         self.cycles += r.cycles
-        self.moments += np.array(
-            [r.cycles, r.sum_bs, r.sum_step_s, r.sum_bs2, r.sum_bs_step_s, decode]
-        )
-        h = np.asarray(r.accepted_drafts_hist, dtype=float)
+        self.moments = [
+            a + b
+            for a, b in zip(
+                self.moments,
+                (r.cycles, r.sum_bs, r.sum_step_s, r.sum_bs2, r.sum_bs_step_s, decode),
+                strict=True,
+            )
+        ]
+        h = r.accepted_drafts_hist
         if len(h) > len(self.hist):  # an adaptive server's tiers can reach further
-            self.hist = np.pad(self.hist, (0, len(h) - len(self.hist)))
-        self.hist[: len(h)] += h
+            self.hist += [0.0] * (len(h) - len(self.hist))
+        self.hist[: len(h)] = [a + float(b) for a, b in zip(self.hist, h, strict=False)]
         self.last = r
 
     def _window_gauges(
@@ -73,9 +76,10 @@ class ServerCounters:
             return None, None, None, None
         gen_tp = r.output_tokens / r.duration_s if r.duration_s > 0 else 0.0
         mean_acc = None
-        h = np.asarray(r.accepted_drafts_hist, dtype=float)
-        if speculative and h.sum() > 0:
-            mean_acc = float(np.dot(np.arange(len(h)), h) / h.sum())
+        h = r.accepted_drafts_hist
+        total = sum(h)
+        if speculative and total > 0:
+            mean_acc = sum(k * x for k, x in enumerate(h)) / total
         return r.mean_running, r.mean_queued, gen_tp, mean_acc
 
     def _counter_fields(self, speculative: bool) -> dict[str, Any]:
@@ -86,6 +90,6 @@ class ServerCounters:
             "requests": dict(self.req),
             "decode_tokens": self.decode_tokens,
             "decode_passes": self.cycles,
-            "moments": tuple(float(x) for x in self.moments),
-            "accepted_drafts_hist": tuple(float(x) for x in self.hist) if speculative else None,
+            "moments": tuple(self.moments),
+            "accepted_drafts_hist": tuple(self.hist) if speculative else None,
         }

@@ -220,7 +220,7 @@ class Phase:
     def end_s(self) -> float:
         return self.start_s + self.duration_s
 
-    @property
+    @functools.cached_property
     def scale(self) -> CostScale:
         return CostScale(verify=self.verify_cost_scale, base=self.base_cost_scale)
 
