@@ -303,7 +303,11 @@ class AcceptModel:
 
     alphas: Mapping[str, Estimate]
     shares: Mapping[str, float]
-    # Derived: tokens per sequence-cycle per (which alpha, tier), computed once per model.
+    # Derived, computed once per model: (alphas, token shares) per which alpha, as tuples; tokens
+    # per sequence-cycle per (which alpha, tier).
+    _values: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
     _per_cycle: dict[tuple[str, int], float] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -324,23 +328,34 @@ class AcceptModel:
     def single(cls, alpha: float, name: str = "default") -> AcceptModel:
         return cls({name: Estimate(alpha, alpha, alpha)}, {name: 1.0})
 
-    def _mix(self) -> tuple[list[str], np.ndarray]:
+    @functools.cached_property
+    def _mix_values(self) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        """The workloads in the mix and their token shares (summing to 1)."""
         names = [w for w, s in self.shares.items() if s > 0] or list(self.alphas)
         sh = np.array([self.shares.get(w, 1.0) for w in names], dtype=float)
-        return names, sh / sh.sum()
+        return tuple(names), tuple((sh / sh.sum()).tolist())
+
+    def values_of(self, which: str = "mean") -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """alphas_of as tuples of floats (computed once per model)."""
+        hit = self._values.get(which)
+        if hit is None:
+            names, shares = self._mix_values
+            al = tuple(float(getattr(self.alphas[w], which)) for w in names)
+            hit = self._values[which] = (al, shares)
+        return hit
 
     def alphas_of(self, which: str = "mean") -> tuple[np.ndarray, np.ndarray]:
         """(alpha per workload, token share per workload) for the workloads in the mix."""
-        names, sh = self._mix()
-        return np.array([getattr(self.alphas[w], which) for w in names]), sh
+        al, sh = self.values_of(which)
+        return np.array(al), np.array(sh)
 
     def tokens_per_cycle(self, which: str, g: int) -> float:
         """tokens_per_seq_cycle at tier g with the `which` ("low", "mean", "high") alphas."""
         key = (which, g)
-        if key not in self._per_cycle:
-            al, sh = self.alphas_of(which)
-            self._per_cycle[key] = _tokens_per_cycle(tuple(al.tolist()), tuple(sh.tolist()), g)
-        return self._per_cycle[key]
+        hit = self._per_cycle.get(key)
+        if hit is None:
+            hit = self._per_cycle[key] = _tokens_per_cycle(*self.values_of(which), g)
+        return hit
 
 
 def _accepted_mean(alpha: np.ndarray, g: int) -> np.ndarray:
@@ -520,9 +535,9 @@ def tier_shares(
         raise ValueError(f"batch must be >= 1 (got {batch})")
     if len(rule.candidate_steps) == 1:
         return {rule.candidate_steps[0]: 1.0}
-    al, sh = accept.alphas_of("mean")
-    key_a = tuple(round(float(x), 4) for x in al)
-    key_s = tuple(round(float(x), 3) for x in sh)
+    al, sh = accept.values_of("mean")
+    key_a = tuple(round(x, 4) for x in al)
+    key_s = tuple(round(x, 3) for x in sh)
     return dict(_tier_shares_cached(rule, int(batch), key_a, key_s, int(launch_steps)))
 
 
@@ -592,14 +607,29 @@ def _parsed_json(text: str) -> Mapping[int, SlotRule]:
     return MappingProxyType(parse_table(json.loads(text)))
 
 
+# The tables parsed last, by identity: id -> (the table, its JSON round trip, its rules). A
+# decision asks about the same few table objects at many batch sizes and every window; comparing
+# with the round trip costs far less than serialising again, and a table changed in place no
+# longer compares equal.
+_RECENT: dict[int, tuple[Mapping[str, Any], Any, Mapping[int, SlotRule]]] = {}
+_RECENT_MAX = 16
+
+
 def _parsed(table: Mapping[str, Any]) -> Mapping[int, SlotRule]:
     """parse_table, memoised on the table's JSON (a decision prices the same few tables at many
     batch sizes)."""
+    hit = _RECENT.get(id(table))
+    if hit is not None and hit[0] is table and hit[1] == table:
+        return hit[2]
     try:
         text = json.dumps(table, sort_keys=True)
     except (TypeError, ValueError):
         return parse_table(table)  # not JSON: parse_table says what is wrong with it
-    return _parsed_json(text)
+    slots = _parsed_json(text)
+    if len(_RECENT) >= _RECENT_MAX:
+        _RECENT.clear()
+    _RECENT[id(table)] = (table, json.loads(text), slots)
+    return slots
 
 
 def adaptive_breakdown(

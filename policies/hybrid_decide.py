@@ -614,10 +614,10 @@ def _inputs(
 ) -> dict[str, float | None]:
     """The inputs of a table: the alpha of every workload and the mix-weighted alpha, log cycle
     time of every tier at every bucket's lower bound (None where unpriced)."""
-    al, sh = am.alphas_of("mean")
+    al, sh = am.values_of("mean")
     out: dict[str, float | None] = {}
     for i, a in enumerate(al):
-        out[f"alpha:{i}"] = float(a)
+        out[f"alpha:{i}"] = a
     tot = float(sum(sh))
     out["alpha:mix"] = float(sum(a * x for a, x in zip(al, sh, strict=True)) / tot) if tot else None
     for b in DEFAULT_BUCKETS:

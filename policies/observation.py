@@ -44,6 +44,8 @@ def _counter(x: float | None) -> float | None:
 
 
 def _went_back(prev: float | None, cur: float | None) -> bool:
+    if type(prev) is float and type(cur) is float:  # both counters, the later one lower
+        return 0.0 <= cur < prev < math.inf  # (NaN compares False)
     p, c = _counter(prev), _counter(cur)
     return p is not None and c is not None and c < p
 
