@@ -409,6 +409,19 @@ def test_predict_adaptive_blends_fractional_batches_and_interval() -> None:
     assert predict_adaptive(t, acc, lambda b, g: None, 4) is None
 
 
+def test_a_table_changed_in_place_is_parsed_again() -> None:
+    """Parses are found by the table object's identity; one edited in place since is not the
+    table that was parsed."""
+    t = {"1": {"candidate_steps": [1, 3]}, "8": {"candidate_steps": [0, 1]}}
+    assert hybrid._parsed(t)[1].candidate_steps == (1, 3)
+    assert hybrid._parsed(t) is hybrid._parsed(t)  # the same table: the same parse
+    t["1"]["candidate_steps"] = [3, 5]
+    assert hybrid._parsed(t)[1].candidate_steps == (3, 5)
+    t["1"]["candidate_steps"] = [3, -1]
+    with pytest.raises(ValueError, match=r"1\.candidate_steps"):
+        hybrid._parsed(t)
+
+
 # -------------------------------------------------------------------------------- economics, inputs
 
 

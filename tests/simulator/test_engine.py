@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from simulator import engine as engine_module
 from simulator import model
 from simulator.engine import StepEngine, WindowEngine, drive_closed_loop
 from simulator.model import (
@@ -359,3 +360,20 @@ def test_runs_of_intervals_are_stepped_exactly_as_one_by_one(table, mixes) -> No
         mix = mixes[i // 16 % len(mixes)]
         a, b = (e.run_window(10.0, conc, mix) for e in engines)
         assert a == b, (i, conc, mix)
+
+
+def test_the_window_model_cache_is_bounded_and_changes_nothing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An adaptive server's window models follow its tier mix: the cache is emptied when full,
+    and a run that keeps few models draws exactly what one that keeps them all draws."""
+    p = load_profile(TUNED)
+    spec = SpecConfig.eagle3(3, adaptive=True)
+    kept_all = WindowEngine(p, spec, WL, seed=5)
+    runs = [(conc, mix) for conc in (1, 3, 6, 24) for mix in ({"chat": 1.0}, {"code": 1.0})] * 6
+    want = [kept_all.run_window(10.0, c, m) for c, m in runs]
+    monkeypatch.setattr(engine_module, "MODELS_MAX", 4)
+    few = WindowEngine(p, spec, WL, seed=5)
+    sizes = []
+    for (c, m), w in zip(runs, want, strict=True):
+        assert few.run_window(10.0, c, m) == w
+        sizes.append(len(few._models))
+    assert max(sizes) <= 4 < len(kept_all._models)
