@@ -454,7 +454,21 @@ def _block_increments(
     accepted drafts are independent draws of one pmf (the workloads' mixture by their share of
     the batch's slots), so a batch's sum is drawn from that pmf's n-fold convolution: exact,
     and n times fewer draws than one per sequence. Above CLT_BATCH the batch mean is normal."""
-    every, a = r.update_interval, r.ema_alpha
+    return _increments(rng, r.update_interval, r.ema_alpha, g, n, alphas, shares, size)
+
+
+def _increments(
+    rng: np.random.Generator,
+    every: int,
+    a: float,
+    g: int,
+    n: int,
+    alphas: np.ndarray,
+    shares: np.ndarray,
+    size: int,
+) -> np.ndarray:
+    """_block_increments for a rule's update interval `every` and EMA alpha `a`."""
+    draw = _increment_draw(rng, n, every, size)
     w = a * (1.0 - a) ** np.arange(every - 1, -1, -1)
     pmf = _accepted_pmf(alphas, slot_shares(alphas, shares, g), g)
     if n > CLT_BATCH:
@@ -462,10 +476,40 @@ def _block_increments(
         mean = float(np.dot(pmf, k))
         var = max(0.0, float(np.dot(pmf, k * k)) - mean * mean)
         sd = math.sqrt(var / n * float(np.dot(w, w)))
-        return mean * float(w.sum()) + sd * rng.standard_normal(size)
+        return mean * float(w.sum()) + sd * draw
     cdf = _batch_sum_cdf(tuple(float(x) for x in pmf), n)
-    sums = np.searchsorted(cdf, rng.random((size, every)), side="right")
+    sums = np.searchsorted(cdf, draw, side="right")
     return (np.minimum(sums, len(cdf) - 1) / n) @ w
+
+
+def _increment_draw(rng: np.random.Generator, n: int, every: int, size: int) -> np.ndarray:
+    """The random numbers _block_increments reads: `size` standard normals above CLT_BATCH,
+    else `size` x `every` uniforms. Their shape depends on the batch size, the update interval
+    and the size only, never on the tier."""
+    return rng.standard_normal(size) if n > CLT_BATCH else rng.random((size, every))
+
+
+# A table generation reads a few dozen; each holds EMULATION_BURN_IN + EMULATION_INTERVALS floats.
+@functools.lru_cache(maxsize=256)
+def _visit_increments(
+    visit: int,
+    every: int,
+    a: float,
+    g: int,
+    n: int,
+    alphas: tuple[float, ...],
+    shares: tuple[float, ...],
+    size: int,
+) -> tuple[float, ...]:
+    """_increments for the `visit`-th tier an emulation draws for (0 for the first), from a
+    generator seeded EMULATION_SEED: every draw before it had the same shape, so the generator
+    stands where those draws left it whatever the tiers were, and the emulations of other rules
+    (candidates, hysteresis, start) at the same batch and acceptance read the same increments."""
+    rng = np.random.default_rng(EMULATION_SEED)
+    for _ in range(visit):
+        _increment_draw(rng, n, every, size)
+    inc = _increments(rng, every, a, g, n, np.array(alphas), np.array(shares), size)
+    return tuple(inc.tolist())
 
 
 def _stay_bounds(r: SlotRule, g: int) -> tuple[float, float, float]:
@@ -483,14 +527,12 @@ def _stay_bounds(r: SlotRule, g: int) -> tuple[float, float, float]:
 def _tier_shares_cached(
     r: SlotRule, n: int, alphas: tuple[float, ...], shares: tuple[float, ...], start: int
 ) -> tuple[tuple[int, float], ...]:
-    rng = np.random.default_rng(EMULATION_SEED)
-    al, sh = np.array(alphas), np.array(shares)
     cands = r.candidate_steps
     g = start if start in cands else cands[len(cands) // 2]
     ema = float(g - 1)
     decay = (1.0 - r.ema_alpha) ** r.update_interval
     total = EMULATION_BURN_IN + EMULATION_INTERVALS
-    inc: dict[int, list[float]] = {}
+    inc: dict[int, tuple[float, ...]] = {}
     pos: dict[int, int] = {}
     counts: dict[int, int] = {}
 
@@ -503,7 +545,8 @@ def _tier_shares_cached(
             # The run of intervals at tier g in a tight loop (the EMA takes the tier's
             # increments), up to the first after which the rule may move: _recompute decides.
             if g not in inc:
-                inc[g] = _block_increments(rng, r, g, n, al, sh, total).tolist()
+                every, a = r.update_interval, r.ema_alpha
+                inc[g] = _visit_increments(len(inc), every, a, g, n, alphas, shares, total)
                 pos[g] = 0
             lo, hi, ceil_c = _stay_bounds(r, g)
             xs, p = inc[g], pos[g]
