@@ -442,23 +442,6 @@ def _batch_sum_cdf(pmf: tuple[float, ...], n: int) -> np.ndarray:
 
 def _block_increments(
     rng: np.random.Generator,
-    r: SlotRule,
-    g: int,
-    n: int,
-    alphas: np.ndarray,
-    shares: np.ndarray,
-    size: int,
-) -> np.ndarray:
-    """`size` EMA increments of one update interval at tier g with batches of n sequences:
-    sum_i a (1 - a)^(every - 1 - i) x_i, x_i a batch's mean accepted drafts. Each sequence's
-    accepted drafts are independent draws of one pmf (the workloads' mixture by their share of
-    the batch's slots), so a batch's sum is drawn from that pmf's n-fold convolution: exact,
-    and n times fewer draws than one per sequence. Above CLT_BATCH the batch mean is normal."""
-    return _increments(rng, r.update_interval, r.ema_alpha, g, n, alphas, shares, size)
-
-
-def _increments(
-    rng: np.random.Generator,
     every: int,
     a: float,
     g: int,
@@ -467,7 +450,12 @@ def _increments(
     shares: np.ndarray,
     size: int,
 ) -> np.ndarray:
-    """_block_increments for a rule's update interval `every` and EMA alpha `a`."""
+    """`size` EMA increments of one update interval (`every` batches, EMA alpha `a`) at tier g
+    with batches of n sequences: sum_i a (1 - a)^(every - 1 - i) x_i, x_i a batch's mean
+    accepted drafts. Each sequence's accepted drafts are independent draws of one pmf (the
+    workloads' mixture by their share of the batch's slots), so a batch's sum is drawn from that
+    pmf's n-fold convolution: exact, and n times fewer draws than one per sequence. Above
+    CLT_BATCH the batch mean is normal."""
     draw = _increment_draw(rng, n, every, size)
     w = a * (1.0 - a) ** np.arange(every - 1, -1, -1)
     pmf = _accepted_pmf(alphas, slot_shares(alphas, shares, g), g)
@@ -501,14 +489,14 @@ def _visit_increments(
     shares: tuple[float, ...],
     size: int,
 ) -> tuple[float, ...]:
-    """_increments for the `visit`-th tier an emulation draws for (0 for the first), from a
+    """_block_increments for the `visit`-th tier an emulation draws for (0 for the first), from a
     generator seeded EMULATION_SEED: every draw before it had the same shape, so the generator
     stands where those draws left it whatever the tiers were, and the emulations of other rules
     (candidates, hysteresis, start) at the same batch and acceptance read the same increments."""
     rng = np.random.default_rng(EMULATION_SEED)
     for _ in range(visit):
         _increment_draw(rng, n, every, size)
-    inc = _increments(rng, every, a, g, n, np.array(alphas), np.array(shares), size)
+    inc = _block_increments(rng, every, a, g, n, np.array(alphas), np.array(shares), size)
     return tuple(inc.tolist())
 
 

@@ -179,7 +179,9 @@ def test_block_increments_draw_a_batchs_sum_as_per_sequence_chain_draws_do(n: in
     increments have the distribution of n per-sequence chain draws (workload by slot share)."""
     rule = SlotRule((1, 3, 5, 7))
     alphas, shares = np.array([0.85, 0.45]), np.array([0.6, 0.4])
-    got = _block_increments(np.random.default_rng(3), rule, g, n, alphas, shares, 40_000)
+    got = _block_increments(
+        np.random.default_rng(3), rule.update_interval, rule.ema_alpha, g, n, alphas, shares, 40_000
+    )
     rng = np.random.default_rng(4)
     ss = slot_shares(alphas, shares, g)
     seq_alpha = alphas[rng.choice(2, size=(40_000, rule.update_interval, n), p=ss)]
@@ -209,7 +211,8 @@ def _shares_interval_by_interval(
     for it in range(total):
         if g > 0:
             if g not in inc:
-                inc[g] = _block_increments(rng, r, g, n, al, sh, total)
+                every, a = r.update_interval, r.ema_alpha
+                inc[g] = _block_increments(rng, every, a, g, n, al, sh, total)
                 pos[g] = 0
             ema = decay * ema + float(inc[g][pos[g]])
             pos[g] += 1
