@@ -525,7 +525,11 @@ class _WindowModel:
 
     t_pf: float  # prefill time per decode cycle
     cyc: dict[int, float]  # decode cycle time per tier (filled on first use: WindowEngine._cyc)
-    ctx: float  # mean context of a decode cycle, which the cycle times depend on
+    # What the cycle times are priced at: the running batch, the mean context of a decode
+    # cycle, the cost scale.
+    n_run: int
+    ctx: float
+    scale: CostScale
     finishes_per_cycle: float
     p_prefill: float
     shares: np.ndarray
@@ -773,7 +777,9 @@ class WindowEngine:
         model = _WindowModel(
             t_pf=t_pf,
             cyc={},
+            n_run=n_run,
             ctx=ctx,
+            scale=scale,
             finishes_per_cycle=finishes,
             p_prefill=p_prefill,
             shares=shares,
@@ -790,13 +796,13 @@ class WindowEngine:
         self._models[key] = model
         return model
 
-    def _cyc(self, m: _WindowModel, g: int, n_run: int, scale: CostScale) -> float:
-        """The decode cycle time of tier g under window model m (of batch n_run, at scale)."""
+    def _cyc(self, m: _WindowModel, g: int) -> float:
+        """The decode cycle time of tier g under window model m."""
         c = m.cyc.get(g)
         if c is None:
             spec = self.spec
             steps = g if spec.speculative else None
-            c = m.cyc[g] = float(self.profile.cycle_s(n_run, spec, steps, m.ctx, scale))
+            c = m.cyc[g] = float(self.profile.cycle_s(m.n_run, spec, steps, m.ctx, m.scale))
         return c
 
     def run_window(
@@ -837,14 +843,14 @@ class WindowEngine:
         if self.adaptive is not None:
             prior = self._last_tiers or ((self.adaptive.steps_for_batch(n_run), 1.0),)
             m0 = self._model(ws, mixw, n_run, prior, scale)
-            dt = {g: self._cyc(m0, g, n_run, scale) + m0.t_pf for g in self._tiers}
+            dt = {g: self._cyc(m0, g) + m0.t_pf for g in self._tiers}
             alphas = np.array([w.alpha for w in ws])
             tiers_used = self._run_adaptive(self.adaptive, n_run, duration_s, dt, alphas, m0.shares)
             cycles = sum(tiers_used.values())
         else:
             g0 = spec.num_steps if spec.speculative else 0
             m0 = self._model(ws, mixw, n_run, ((g0, 1.0),), scale)
-            cycles_exact = duration_s / (self._cyc(m0, g0, n_run, scale) + m0.t_pf) + self._carry
+            cycles_exact = duration_s / (self._cyc(m0, g0) + m0.t_pf) + self._carry
             cycles = int(cycles_exact)
             self._carry = cycles_exact - cycles
             tiers_used = {g0: cycles} if cycles else {}
@@ -860,7 +866,7 @@ class WindowEngine:
             m = self._model(ws, mixw, n_run, tiers, scale)
         else:
             m = m0
-        step_time = float(sum(c * self._cyc(m, g, n_run, scale) for g, c in tiers_used.items()))
+        step_time = float(sum(c * self._cyc(m, g) for g, c in tiers_used.items()))
 
         # Verify events and the accepted-drafts histogram (one event per slot per cycle).
         if spec.speculative:
