@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies import observation
 from policies.observation import diff
 from policies.types import Snapshot
 from tests.policies.synth import BASE, E2, Synth, to_snapshot
@@ -169,3 +170,31 @@ def test_deltas_never_negative(ga, gb, da, db, ma, mb, prof_b) -> None:  # type:
         vals += [o.moments.n_steps, o.moments.sum_bs, o.moments.sum_step_s]
     for v in vals:
         assert v is None or (math.isfinite(v) and v >= 0)
+
+
+_ODD = [
+    0.0,
+    -0.0,
+    1.0,
+    2.0,
+    -1.0,
+    1e300,
+    5e-324,
+    math.inf,
+    -math.inf,
+    math.nan,
+    3,
+    True,
+    None,
+    "2.5",
+    "x",
+]
+
+
+@pytest.mark.parametrize("prev", _ODD)
+@pytest.mark.parametrize("cur", _ODD)
+def test_a_counter_went_back_only_when_both_are_counters_and_cur_is_lower(prev, cur) -> None:  # type: ignore[no-untyped-def]
+    """The float fast path of _went_back says what the general rule says: both values read as
+    counters (finite, >= 0) and the current one is lower."""
+    p, c = observation._counter(prev), observation._counter(cur)
+    assert observation._went_back(prev, cur) == (p is not None and c is not None and c < p)
