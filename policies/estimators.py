@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, NamedTuple
@@ -88,7 +88,7 @@ class _Memo(dict[tuple[Any, ...], Any]):
     """Answers keyed by (profile, ...) and memoised between changes of the statistics they
     read: at most MEMO_MAX of them (emptied when full). Derived, never persisted."""
 
-    def answer(self, key: tuple[Any, ...], compute: Any) -> Any:
+    def answer(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
         if key not in self:
             if len(self) >= MEMO_MAX:
                 self.clear()

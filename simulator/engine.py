@@ -761,17 +761,11 @@ class WindowEngine:
             np.array([float(np.dot(pm, lv * lv)) for pm, lv in zip(pmfs, ls, strict=True)]) - el**2
         )
         mean_l = float(np.dot(shares, el))
-        gmax = max(spec.tiers) if spec.speculative else 0
         hist_pmf: dict[int, np.ndarray] = {}
         for g in tier_map:
-            pmf = np.zeros(gmax + 1)
-            if g == 0 or not spec.speculative:
-                pmf[0] = 1.0
-            else:
-                for sh, w in zip(shares, ws, strict=True):
-                    pmf[: g + 1] += sh * accepted_drafts_pmf(w.alpha, g)
-                pmf /= pmf.sum()
-            hist_pmf[g] = pmf / pmf.sum()
+            pmf = self._drafts_pmf(g, shares, ws)
+            pmf /= pmf.sum()
+            hist_pmf[g] = pmf / pmf.sum()  # normalised again, as the draws have always read it
         sd_n = np.array([w.output_length_moments()[1] for w in ws])
         ver_noise = np.maximum(0.0, var_l) / el**3
         model = _WindowModel(
@@ -795,6 +789,17 @@ class WindowEngine:
             self._models.clear()
         self._models[key] = model
         return model
+
+    def _drafts_pmf(self, g: int, shares: np.ndarray, ws: tuple[Workload, ...]) -> np.ndarray:
+        """Accepted drafts per verify at tier g over the batch's slots (workload w's share
+        shares[w]), unnormalised; tier 0 and the baseline accept none."""
+        pmf = np.zeros(self._tiers[-1] + 1)
+        if g == 0 or not self.spec.speculative:
+            pmf[0] = 1.0
+        else:
+            for sh, w in zip(shares, ws, strict=True):
+                pmf[: g + 1] += sh * accepted_drafts_pmf(w.alpha, g)
+        return pmf
 
     def _cyc(self, m: _WindowModel, g: int) -> float:
         """The decode cycle time of tier g under window model m."""
@@ -875,11 +880,7 @@ class WindowEngine:
             for g, c in tiers_used.items():
                 pmf = m.hist_pmf.get(g)
                 if pmf is None:  # a tier rounded away from the mix
-                    pmf = np.zeros(gmax + 1)
-                    pmf[0] = 1.0 if g == 0 else 0.0
-                    if g > 0:
-                        for sh, w in zip(m.shares, ws, strict=True):
-                            pmf[: g + 1] += sh * accepted_drafts_pmf(w.alpha, g)
+                    pmf = self._drafts_pmf(g, m.shares, ws)
                     pmf = pmf / pmf.sum()
                 hist += rng.multinomial(c * n_run, pmf)
             raw_tokens = float(np.dot(np.arange(1, gmax + 2), hist))
