@@ -28,6 +28,7 @@ The effect is the ratio canary / control (geometric means) with its confidence i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,7 +86,7 @@ class CanaryTestSettings:
     worth a restart of every replica."""
 
     min_windows: int = 6
-    max_windows: int = 30
+    max_windows: int = 30  # paired windows, and poll windows in all (see out_of_time)
     alpha: float = 0.05
     min_gain: float = 0.02
     method: Literal["paired", "welch", "mannwhitney"] = "paired"
@@ -152,6 +153,14 @@ class CanaryVerdict:
 
 def _usable(w: ArmWindow, s: CanaryTestSettings) -> bool:
     return w.running_reqs >= s.min_running_reqs and per_request_tok_s(w) is not None
+
+
+def judgeable(
+    canary: ArmWindow | None, control: Sequence[ArmWindow], s: CanaryTestSettings
+) -> bool:
+    """Whether one tick's windows could be paired by the test: the canary replica and at least
+    one control replica carried usable traffic."""
+    return canary is not None and _usable(canary, s) and any(_usable(w, s) for w in control)
 
 
 def pooled_control(windows: Sequence[ArmWindow]) -> float | None:
@@ -250,3 +259,15 @@ def _rule(s: CanaryTestSettings, ratio: float, hi: float, p: float, n: int) -> t
     if n >= s.max_windows:
         return Verdict.ROLLBACK, "inconclusive"
     return Verdict.CONTINUE, "inconclusive"
+
+
+def out_of_time(v: CanaryVerdict) -> CanaryVerdict:
+    """The verdict once a canary's time is up: `max_windows` poll windows since it could first
+    be judged, whether or not they carried usable traffic. A canary the router sends (almost)
+    nothing, an idle fleet, or failing scrapes would otherwise keep one replica on the candidate
+    and the deployment's decisions on hold for as long as that lasts. Undecided is rolled back
+    (the fleet keeps what it knows), with its reason: `insufficient_windows` when fewer than
+    `min_windows` could be paired, else `inconclusive`."""
+    if v.verdict is not Verdict.CONTINUE:
+        return v
+    return dataclasses.replace(v, verdict=Verdict.ROLLBACK)

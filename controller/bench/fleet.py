@@ -55,7 +55,7 @@ from controller.bench.oracles import (
     phase_rates,
 )
 from controller.bench.scenario import BenchProfile, Phase, Scenario
-from controller.fleet.canary import CanaryTrial
+from controller.fleet.canary import CanaryTrial, could_judge
 from controller.fleet.controller import deployment_window, plan_move
 from controller.fleet.observe import ReplicaObservation, replica_window
 from controller.fleet.settings import CanarySettings, FleetSettings
@@ -322,7 +322,10 @@ def fleet_replay(
                 d = Decision(t, Action.HOLD, running, Reason.HOLD_INSUFFICIENT_DATA, {})
             else:
                 d = policy.tick(obs, t)
-            move, target, _why = plan_move(d, running, None, rejected, t, fs, n, Mode.ACTIVE)
+            judged = could_judge(windows, replica_name(canary_index), running, fs.canary)
+            move, target, _why = plan_move(
+                d, running, None, rejected, t, fs, n, Mode.ACTIVE, judged
+            )
             record(d.action, d.profile, d.reason)
             if target is not None and target not in catalog:
                 raise ValueError(f"policy {policy.name} asked for unknown profile {target!r}")

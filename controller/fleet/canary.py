@@ -2,7 +2,10 @@
 
 Owns the trial's bookkeeping: which replica is the canary, the warmup windows skipped after it
 rejoined the router, the replica-windows collected tick by tick (canary arm and control arm,
-aligned by the tick's time), and the verdict from policies.canary.assess after every tick.
+aligned by the tick's time), the verdict from policies.canary.assess after every tick, and the
+trial's time limit: `max_windows` ticks after its first scrape and warmup, usable or not
+(policies.canary.out_of_time). `could_judge` says whether a canary started now could be judged
+at all (traffic on its replica and on another).
 Must not act: promoting (a rolling switch) or rolling back is controller.fleet.controller's job.
 """
 
@@ -14,8 +17,48 @@ from typing import Any
 
 from controller.fleet.observe import ReplicaObservation, arm_window
 from controller.fleet.settings import CanarySettings
-from policies.canary import ARM_CANARY, ARM_CONTROL, ArmWindow, CanaryVerdict, assess
+from policies.canary import (
+    ARM_CANARY,
+    ARM_CONTROL,
+    ArmWindow,
+    CanaryVerdict,
+    assess,
+    judgeable,
+    out_of_time,
+)
 from policies.types import Observation
+
+
+def arms(
+    tick: Mapping[str, ReplicaObservation], replica: str, profile: str, current: str
+) -> tuple[ArmWindow | None, list[ArmWindow]]:
+    """One tick's canary-test windows: `replica`'s (when it serves `profile`) and those of the
+    other replicas serving `current` (the control arm)."""
+    mine = tick.get(replica)
+    canary = (
+        arm_window(replica, ARM_CANARY, mine.obs)
+        if mine is not None and mine.obs is not None and mine.profile == profile
+        else None
+    )
+    control = [
+        w
+        for name, r in tick.items()
+        if name != replica
+        and r.obs is not None
+        and r.profile == current
+        and (w := arm_window(name, ARM_CONTROL, r.obs)) is not None
+    ]
+    return canary, control
+
+
+def could_judge(
+    tick: Mapping[str, ReplicaObservation], replica: str, current: str, settings: CanarySettings
+) -> bool:
+    """Whether a canary started on `replica` now could be judged on traffic like this tick's:
+    it and another replica on `current` served usable traffic. A replica the router sends
+    (almost) nothing, as when the fleet has fewer streams than replicas, never can."""
+    canary, control = arms(tick, replica, current, current)
+    return judgeable(canary, control, settings.test())
 
 
 @dataclass
@@ -42,31 +85,34 @@ class CanaryTrial:
         return mine.obs
 
     def add(self, tick: Mapping[str, ReplicaObservation]) -> CanaryVerdict | None:
-        """Fold one tick in; the verdict so far (None while warming up or without a window)."""
+        """Fold one tick in; the verdict so far (None while warming up or without a window).
+        Once the trial has run its ticks (`limit_ticks`) an undecided verdict is a rollback."""
         self.ticks += 1
-        mine = self.candidate_window(tick)
-        if mine is None:
+        self._fold(tick)
+        if self.ticks < self.limit_ticks:
             return self.verdict
+        self.verdict = out_of_time(self.verdict or assess(self.windows, self.settings.test()))
+        return self.verdict
+
+    @property
+    def limit_ticks(self) -> int:
+        """Ticks the trial may take: the canary's first scrape after its start (no window yet),
+        its warmup windows, then `max_windows`. With traffic in every window, assess reaches
+        `max_windows` paired windows on the same tick."""
+        return 1 + self.settings.warmup_windows + self.settings.max_windows
+
+    def _fold(self, tick: Mapping[str, ReplicaObservation]) -> None:
+        if self.candidate_window(tick) is None:
+            return
         if self.skip > 0:
             self.skip -= 1
-            return self.verdict
-        canary = arm_window(self.replica, ARM_CANARY, mine)
-        if canary is None:
-            return self.verdict
-        control = [
-            w
-            for name, r in tick.items()
-            if name != self.replica
-            and r.obs is not None
-            and r.profile == self.current
-            and (w := arm_window(name, ARM_CONTROL, r.obs)) is not None
-        ]
-        if not control:
-            return self.verdict  # nothing to compare with in this tick
+            return
+        canary, control = arms(tick, self.replica, self.candidate, self.current)
+        if canary is None or not control:
+            return  # nothing to compare with in this tick
         self.windows.append(canary)
         self.windows.extend(control)
         self.verdict = assess(self.windows, self.settings.test())
-        return self.verdict
 
     def view(self) -> dict[str, Any]:
         return {

@@ -27,7 +27,7 @@ from controller import adaptive_tables
 from controller.actuators.base import SwitchOutcome, SwitchResult
 from controller.clock import Clock
 from controller.fleet.actuator import FleetActuator
-from controller.fleet.canary import CanaryTrial
+from controller.fleet.canary import CanaryTrial, could_judge
 from controller.fleet.observe import FleetObserver, FleetTotals, ReplicaObservation, mean_replica
 from controller.fleet.settings import FleetSettings
 from controller.settings import Settings, policy_settings
@@ -85,6 +85,7 @@ def plan_move(
     fleet: FleetSettings,
     replicas: int,
     mode: Mode,
+    canary_traffic: bool = True,
 ) -> tuple[str, str | None, str]:
     """What the fleet does with one decision (pure; the bench's fleet replay uses it too):
     ("hold", None, why), ("canary", target, why), ("rollout", target, why) or ("rewrite",
@@ -93,7 +94,11 @@ def plan_move(
     need at least two replicas. A switch to the running adaptive profile that rewrites its
     table (policies.hybrid_decide judged that the restart repays) restarts every replica on
     the same profile, rolling, with no canary: a canary compares two profiles' windows, and
-    the new table is the same profile's."""
+    the new table is the same profile's. `canary_traffic` False (the canary replica, or every
+    other, served no usable traffic in the last window: canary.could_judge) rolls the policy's
+    switch straight through, as with canaries off: a canary there could only run out of time
+    unjudged; the policy's own trial judges the switch, as on one server. An operator's forced
+    canary still runs."""
     target = forced or (d.profile if d.action is Action.SWITCH else None)
     rewrite = forced is None and target == running and rewrites_table(d)
     if target is None or (target == running and not rewrite):
@@ -107,6 +112,8 @@ def plan_move(
     if forced is None and since is not None and now_s - since < fleet.canary.retry_after_s:
         return "hold", None, f"{target}'s canary was rolled back {now_s - since:.0f} s ago"
     if fleet.canary.enabled and replicas >= 2:
+        if forced is None and not canary_traffic:
+            return "rollout", target, f"{d.reason.value} (no canary: its replica has no traffic)"
         return "canary", target, d.reason.value
     return "rollout", target, d.reason.value
 
@@ -239,7 +246,10 @@ class FleetController:
             self.fleet,
             len(self.actuator.replicas),
             self.mode,
+            could_judge(windows, self.actuator.canary.name, self.running, self.fleet.canary),
         )
+        if move == "rollout" and why != d.reason.value:
+            log.info("fleet: %s", why)
         if move == "canary" and target is not None:
             return await self._start_canary(target, now, d.reason if forced is None else None)
         if move == "rollout" and target is not None:

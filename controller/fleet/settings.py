@@ -81,7 +81,10 @@ class CanarySettings(_Frozen):
     enabled: bool = Field(True, description="false: a switch rolls straight through every replica.")
     min_windows: int = Field(6, ge=2, description="Poll windows per arm before any verdict.")
     max_windows: int = Field(
-        30, ge=2, description="Windows after which an unproven candidate is rolled back."
+        30,
+        ge=2,
+        description="Windows after which an unproven candidate is rolled back; also the "
+        "canary's time limit in polls (after its warmup), with or without traffic.",
     )
     alpha: float = Field(0.05, gt=0, lt=1, description="Two-sided significance level.")
     min_gain: float = Field(

@@ -275,6 +275,58 @@ def test_canary_promotes_a_better_profile_and_rolls_back_a_worse_one() -> None:
     assert fb.fleet_false_switches(sc, rates, bad) == len(bad.switches)
 
 
+def test_a_canary_on_a_replica_without_traffic_rolls_straight_through() -> None:
+    """One stream on 3 replicas: the router's split leaves the canary replica (the last) idle,
+    so a canary there could never be judged. The policy's switch rolls straight through, as
+    with canaries off (before, the canary waited for traffic for the rest of the day and the
+    policy was never asked again)."""
+    sc = fleet_scenario(
+        profile="kimi-k2.5-pcie-later-boot",
+        phases=[{"duration_s": 3600, "concurrency": 1, "workloads": {"default": 1.0}}],
+    )
+    pol = _SwitchOnce("baseline")
+    rep = fb.fleet_replay(sc, pol, initial_profile="eagle3-2step")
+    assert rep.canaries == []
+    (sw,) = rep.switches
+    assert sw.to_profile == "baseline" and sw.reason == Reason.SWITCH_PREDICTED_GAIN.value
+    assert pol.done[0][:2] == ("baseline", True)
+
+
+def test_a_canary_whose_traffic_stops_runs_out_of_time() -> None:
+    """Three streams while the canary starts, then one (its replica idle): the canary cannot
+    collect min_windows pairs, and is rolled back once it has had its max_windows ticks (after
+    its first scrape and warmup), not kept for the rest of the day."""
+    sc = fleet_scenario(
+        profile="kimi-k2.5-pcie-later-boot",
+        phases=[
+            {"duration_s": 300, "concurrency": 3, "workloads": {"default": 1.0}},
+            {"duration_s": 3600, "concurrency": 1, "workloads": {"default": 1.0}},
+        ],
+    )
+    fs = fb.fleet_settings(sc)
+    pol = _SwitchOnce("baseline")
+    rep = fb.fleet_replay(sc, pol, initial_profile="eagle3-2step")
+    c = rep.canaries[0]
+    assert c.outcome == "rolled_back" and "(insufficient_windows)" in c.verdict
+    ticks = 1 + fs.canary.warmup_windows + fs.canary.max_windows
+    restart = sc.sim_profile().restart_s
+    up = c.started_s + restart(bench_profile("baseline").sim)
+    decided = c.ended_s - restart(bench_profile("eagle3-2step").sim)  # then back to 2-step
+    assert decided - up == pytest.approx(ticks * sc.poll_interval_s, abs=sc.poll_interval_s)
+    assert pol.done[0][:3] == ("baseline", False, 0.0)  # told as for a failed start
+
+
+def test_plan_move_skips_a_canary_that_could_not_be_judged() -> None:
+    fs = fb.fleet_settings(fleet_scenario())
+    d = Decision(0.0, Action.SWITCH, "baseline", Reason.SWITCH_PREDICTED_GAIN, {})
+    assert plan_move(d, "eagle3-2step", None, {}, 0.0, fs, 3, Mode.ACTIVE)[0] == "canary"
+    move, target, why = plan_move(d, "eagle3-2step", None, {}, 0.0, fs, 3, Mode.ACTIVE, False)
+    assert (move, target) == ("rollout", "baseline") and "no canary" in why
+    # An operator's forced canary runs anyway.
+    forced = plan_move(d, "eagle3-2step", "baseline", {}, 0.0, fs, 3, Mode.ACTIVE, False)
+    assert forced[:2] == ("canary", "baseline")
+
+
 class _Learning(_SwitchOnce):
     """_SwitchOnce with the canary hooks Specpilot has (as FleetController calls them)."""
 

@@ -15,6 +15,8 @@ from policies.canary import (
     CanaryTestSettings,
     Verdict,
     assess,
+    judgeable,
+    out_of_time,
     pooled_control,
 )
 from policies.types import DecodeMoments, Observation, WorkloadWindow
@@ -105,6 +107,30 @@ def test_idle_windows_are_ignored() -> None:
     idle = [ArmWindow(ARM_CANARY, "c", 1000.0 + i, 10.0, 0.0, 0.0, 0.0) for i in range(20)]
     v = assess(w + idle, S)
     assert v.n_canary == 8 and v.verdict is Verdict.PROMOTE
+
+
+def test_out_of_time_rolls_back_only_an_undecided_canary() -> None:
+    waiting = assess(windows(3, canary_rate=1.5), S)
+    v = out_of_time(waiting)
+    assert v.verdict is Verdict.ROLLBACK and v.why == "insufficient_windows"
+    assert v.n_canary == waiting.n_canary == 3
+    unsure = assess(windows(10, canary_rate=1.02, noise=0.2), S)
+    assert unsure.verdict is Verdict.CONTINUE and unsure.why == "inconclusive"
+    assert out_of_time(unsure).verdict is Verdict.ROLLBACK
+    better = assess(windows(8, canary_rate=1.5), S)
+    assert better.verdict is Verdict.PROMOTE and out_of_time(better) == better
+
+
+def test_judgeable_needs_traffic_on_both_arms() -> None:
+    w = windows(1, canary_rate=1.0)
+    canary, control = w[0], w[1:]
+    idle = ArmWindow(ARM_CANARY, "c", 10.0, 10.0, 0.0, 0.0, 0.0)
+    idle_ctl = [ArmWindow(ARM_CONTROL, "k", 10.0, 10.0, 0.0, 0.0, 0.0)]
+    assert judgeable(canary, control, S)
+    assert not judgeable(None, control, S)
+    assert not judgeable(idle, control, S)
+    assert not judgeable(canary, idle_ctl, S) and not judgeable(canary, [], S)
+    assert judgeable(canary, [*idle_ctl, *control], S)
 
 
 def test_control_pool_is_traffic_weighted() -> None:

@@ -211,6 +211,38 @@ async def test_canary_of_a_worse_profile_is_rolled_back(tmp_path: Path) -> None:
     assert ctl.state.running == "baseline"
 
 
+async def test_a_canary_without_traffic_runs_out_of_time(tmp_path: Path) -> None:
+    """An idle fleet (no client at all): the canary cannot be judged, and is rolled back once it
+    has had its ticks (first scrape, warmup, max_windows), the fleet back on its profile; it is
+    not kept on the candidate, the deployment's decisions on hold, until traffic comes."""
+    settings, fleet = _settings(
+        tmp_path,
+        2,
+        poll_interval_s=10.0,
+        fleet_overrides={"canary": {"min_windows": 2, "max_windows": 3, "warmup_windows": 1}},
+    )
+    clock = ScaledClock(SPEED)
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+        ctl = FleetController(settings, fleet, clock=clock, client=client)
+        try:
+            await ctl.startup()
+            ctl.request_canary("eagle3-2step")
+            await ctl.tick()
+            assert ctl.canary is not None
+            ticks = 0
+            while ctl.canary is not None and ticks < 20:
+                await ctl.tick()
+                ticks += 1
+        finally:
+            await ctl.shutdown()
+    assert ticks == 1 + 1 + 3, ticks
+    (rec,) = ctl.record.canaries
+    assert rec.outcome == "rolled_back", rec
+    assert rec.verdict is not None and rec.verdict.why == "insufficient_windows"
+    assert ctl.running == "baseline"
+    assert [r.profile for r in ctl.actuator.replicas] == ["baseline"] * 2
+
+
 async def test_router_down_switch_waits_and_loses_nothing(tmp_path: Path) -> None:
     port = free_port()
     router = _launch_router(port, tmp_path / "ext-router.log")
