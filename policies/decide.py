@@ -1419,16 +1419,12 @@ def _exploration(
         # at: its own windows price it there, the fixed one's price is a guess (stress w8:
         # MoE's saturating cost made 5-step's guess pessimistic, and the adaptive profile ran
         # at 0.9 of it all day). Worth weighing as untried.
-        extrapolated = b is not None and state.model.cycle.support(name, b) == "extrapolated"
-        if extrapolated and specs[state.running].adaptive and not specs[name].adaptive:
-            return True
-        # A profile tried, but never at a batch size like this one, whose prediction beats the
-        # running profile's: the switch rule refuses it only for the width of an extrapolation,
-        # which only a run can narrow (a random day: 7-step tried for 5 minutes at 16 streams,
-        # then 21 hours at one stream where it would serve 60% more than baseline; nothing
-        # ever tested it).
-        pq = preds.get(name)
-        if extrapolated and pq is not None and pq.tok_s is not None and pq.tok_s.mean > cur:
+        if (
+            specs[state.running].adaptive
+            and not specs[name].adaptive
+            and b is not None
+            and state.model.cycle.support(name, b) == "extrapolated"
+        ):
             return True
         return specs[name].speculative and before(
             state.model.accept.last_t_s(name), state.last_accept_change_s

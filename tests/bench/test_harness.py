@@ -117,33 +117,3 @@ def test_windowed_replay_agrees_with_step_engine(
     )
     stepped = drive_closed_loop(eng, 3600.0, concurrency, mix, seed=6).output_tokens
     assert windowed == pytest.approx(stepped, rel=0.01)
-
-
-def test_a_profile_tried_only_at_other_batch_sizes_is_explored_when_predicted_better() -> None:
-    """7-step served 16 streams for five minutes (then baseline was explored and kept), and the
-    traffic turns to one stream of math for 8 hours. 7-step's prediction there is an
-    extrapolation from 16 streams: far better than baseline by its mean, far too wide for the
-    switch rule. Only a run narrows it, and the rest of the regime repays one: specpilot
-    explores it and stays (before, nothing ever tested it, and it served 40% less)."""
-    from controller.bench.peers import Specpilot
-
-    sc = scenario_from_dict(
-        {
-            "name": "t",
-            "profile": "kimi-k2.5-pcie-tuned",
-            "seed": 5,
-            "initial_profile": "eagle3-7step",
-            "profiles": ["baseline", "eagle3-7step"],
-            "phases": [
-                {"duration_s": 5400, "concurrency": 16, "workloads": {"default": 1.0}},
-                {"duration_s": 28800, "concurrency": 1, "workloads": {"math": 1.0}},
-            ],
-        }
-    )
-    sp = Specpilot()
-    rep = replay(sc, sp)
-    later = [s for s in rep.switches if s.t_s > 5400.0]
-    assert [(s.to_profile, s.reason) for s in later] == [("eagle3-7step", "explore")]
-    assert later[0].t_s < 5400.0 + 3600.0
-    seven = replay(sc, Static("eagle3-7step"))
-    assert rep.tokens > 0.9 * seven.tokens

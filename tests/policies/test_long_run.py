@@ -339,13 +339,11 @@ def test_an_adaptive_profile_serving_beyond_a_fixed_ones_data_makes_it_worth_exp
     diag: dict = {}
     _choose(st, t, S, diag)
     assert "explore_net_tokens.eagle5" in diag or "explore_declined.eagle5" in diag
-    # The same state running a fixed profile explores nothing it has tried and predicts worse
-    # (5-step's extrapolation at 32 streams is below 2-step's here).
+    # The same state running a fixed profile explores nothing it has tried.
     st2 = st.copy()
     st2.running = "eagle2"
     diag2: dict = {}
     _choose(st2, t, S, diag2)
-    assert diag2["pred_tok_s.eagle5"] < diag2["pred_tok_s.eagle2"]
     assert not any(k.startswith("explore_net_tokens.eagle5") for k in diag2)
 
 
