@@ -28,7 +28,13 @@ from controller.actuators.base import SwitchOutcome, SwitchResult
 from controller.clock import Clock
 from controller.fleet.actuator import FleetActuator
 from controller.fleet.canary import CanaryTrial, could_judge
-from controller.fleet.observe import FleetObserver, FleetTotals, ReplicaObservation, mean_replica
+from controller.fleet.observe import (
+    FleetObserver,
+    FleetTotals,
+    ReplicaObservation,
+    mean_replica,
+    output_tokens,
+)
 from controller.fleet.settings import FleetSettings
 from controller.settings import Settings, policy_settings
 from policies import decide as policy
@@ -70,10 +76,15 @@ def deployment_window(
     windows: Mapping[str, ReplicaObservation], running: str
 ) -> Observation | None:
     """What the deployment's one policy state learns from in a tick: the mean replica over the
-    replicas that have a window of the deployment's profile (a canary's window is not one)."""
-    return mean_replica(
-        [w.obs for w in windows.values() if w.obs is not None and w.profile == running]
-    )
+    replicas that have a window of the deployment's profile (a canary's window is not one) and
+    served in it. A replica the router sent nothing (fewer streams than replicas) would add
+    window seconds without a decode step, which the policy would learn as non-decode time per
+    token of every profile (4 replicas, one stream: 0.1 s a token, 30x the truth, and every
+    profile predicted at ~8 tok/s whatever its decode rate). When none served, all of them
+    (an idle window: the policy holds)."""
+    mine = [w.obs for w in windows.values() if w.obs is not None and w.profile == running]
+    served = [o for o in mine if (output_tokens(o) or 0.0) > 0.0]
+    return mean_replica(served or mine)
 
 
 def plan_move(

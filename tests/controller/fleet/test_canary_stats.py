@@ -180,3 +180,34 @@ def test_arm_window_uses_decode_request_seconds() -> None:
     # 1800 tokens over sum(batch x step time) = 9 s x 4 requests
     assert w.output_tokens / w.request_seconds == pytest.approx(50.0)
     assert w.running_reqs == pytest.approx(4.0)
+
+
+def test_the_deployment_window_leaves_out_replicas_that_served_nothing() -> None:
+    """One stream on four replicas: the three the router sent nothing would add window seconds
+    without a decode step, learned as non-decode time of every profile. The deployment's window
+    is the mean of those that served; an idle fleet's is the mean of all (the policy holds)."""
+    from controller.fleet.controller import deployment_window
+    from controller.fleet.observe import ReplicaObservation
+
+    def idle() -> Observation:
+        return Observation(
+            t_s=100.0,
+            window_s=10.0,
+            profile="p",
+            running_reqs=0.0,
+            decode_tokens=0.0,
+            moments=DecodeMoments(0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+        )
+
+    busy = _obs(300.0, 1.0)
+    tick = {"r0": ReplicaObservation("r0", "p", busy)} | {
+        f"r{i}": ReplicaObservation(f"r{i}", "p", idle()) for i in (1, 2, 3)
+    }
+    w = deployment_window(tick, "p")
+    assert w is not None and w.decode_tokens == 300.0 and w.moments == busy.moments
+    quiet = {f"r{i}": ReplicaObservation(f"r{i}", "p", idle()) for i in range(4)}
+    q = deployment_window(quiet, "p")
+    assert q is not None and q.decode_tokens == 0.0
+    # A canary's window (another profile) is never the deployment's.
+    tick["r0"] = ReplicaObservation("r0", "q", _obs(300.0, 1.0, profile="q"))
+    assert deployment_window(tick, "p").decode_tokens == 0.0  # type: ignore[union-attr]
