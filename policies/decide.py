@@ -17,12 +17,13 @@ of the last long-run window (batch sizes and workload mix) values the candidate 
 running profile, the regimes that favour the running profile will come back and take the
 switch back: its restart (R_back at C's long-run rate) is added to the cost
 (hybrid_decide.return_cost). Profiles never run, or whose data predates the last detected
-change in acceptance or cycle time, are explored when the expected value of what a run reveals
-(for a chain, a deeper chain reveals every shallower one by truncation) beats its expected
-cost, weighed once per regime and information state: re-exploration follows detected
-changes, never a timer (the value of information grows with the expected remaining regime,
-which grows with its age, so a value weighed again every tick would end up beating any cost
-without anything having changed).
+change in acceptance or cycle time, and chains whose acceptance for the mix served now is unknown
+(a workload in it that no chain of the drafter has served), are explored when the expected value
+of what a run reveals (for a chain, a deeper chain reveals every shallower one by truncation)
+beats its expected cost, weighed once per regime and information state: re-exploration follows
+detected changes, never a timer (the value of information grows with the expected remaining
+regime, which grows with its age, so a value weighed again every tick would end up beating any
+cost without anything having changed).
 
 Predicted tok/s are over wall time: the cycle model's decode rate r = B x E[L] / T(B) and the
 non-decode seconds per decode token p learned from the windows (policies/overhead.py) give
@@ -1389,7 +1390,8 @@ def _exploration(
     information minus expected cost, or None.
 
     Stale = its data predates the last detected change in acceptance or cycle time (a traffic
-    change leaves the estimates valid: the predictions already follow concurrency and mix).
+    change leaves the estimates valid: the predictions already follow concurrency and mix,
+    except for a workload no chain has served, whose accept length is unknown: `unseen`).
     The value is taken over `horizon` (the caller's conservative expected remaining regime,
     at most `explore_horizon_s`); once weighed at that full value and declined, a candidate is
     not weighed again until its information state changes (regime, last model change,
@@ -1425,6 +1427,11 @@ def _exploration(
             and b is not None
             and state.model.cycle.support(name, b) == "extrapolated"
         ):
+            return True
+        # A chain whose acceptance for the mix served now is unknown: a workload in it that no
+        # chain of this drafter has served (`unseen`: its accept length anywhere in [1, n + 1]).
+        pq = preds.get(name)
+        if specs[name].speculative and pq is not None and "unseen" in pq.source.split("+"):
             return True
         return specs[name].speculative and before(
             state.model.accept.last_t_s(name), state.last_accept_change_s

@@ -117,3 +117,33 @@ def test_windowed_replay_agrees_with_step_engine(
     )
     stepped = drive_closed_loop(eng, 3600.0, concurrency, mix, seed=6).output_tokens
     assert windowed == pytest.approx(stepped, rel=0.01)
+
+
+def test_a_chain_is_explored_again_for_a_workload_no_chain_has_served() -> None:
+    """scenarios/stress/a4-new-batch-size, shortened: 7-step served 16 streams of the default
+    workload for five minutes (then baseline was explored and kept), and the traffic turns to
+    one stream of math for 8 hours. No chain has served math: 7-step's accept length for it is
+    anywhere in [1, 8], so only a run says what it is, and the rest of the regime repays one.
+    specpilot explores it and stays (before, a chain already tried was not weighed again
+    without a detected change of its own, and it served 40% less)."""
+    from controller.bench.peers import Specpilot
+
+    sc = scenario_from_dict(
+        {
+            "name": "t",
+            "profile": "kimi-k2.5-pcie-tuned",
+            "seed": 5,
+            "initial_profile": "eagle3-7step",
+            "profiles": ["baseline", "eagle3-7step"],
+            "phases": [
+                {"duration_s": 5400, "concurrency": 16, "workloads": {"default": 1.0}},
+                {"duration_s": 28800, "concurrency": 1, "workloads": {"math": 1.0}},
+            ],
+        }
+    )
+    rep = replay(sc, Specpilot())
+    later = [s for s in rep.switches if s.t_s > 5400.0]
+    assert [(s.to_profile, s.reason) for s in later] == [("eagle3-7step", "explore")]
+    assert later[0].t_s < 5400.0 + 3600.0
+    seven = replay(sc, Static("eagle3-7step"))
+    assert rep.tokens > 0.9 * seven.tokens
