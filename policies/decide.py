@@ -1431,7 +1431,7 @@ def _exploration(
         # A chain whose acceptance for the mix served now is unknown: a workload in it that no
         # chain of this drafter has served (`unseen`: its accept length anywhere in [1, n + 1]).
         pq = preds.get(name)
-        if specs[name].speculative and pq is not None and "unseen" in pq.source.split("+"):
+        if specs[name].speculative and pq is not None and pq.unseen:
             return True
         return specs[name].speculative and before(
             state.model.accept.last_t_s(name), state.last_accept_change_s

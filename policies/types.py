@@ -186,6 +186,12 @@ class ProfilePrediction:
         move takes it, its interval reaches back to what it did before the move."""
         return "moved" in self.source.split("+")
 
+    @property
+    def unseen(self) -> bool:
+        """Its accept length is for a mix with a workload no chain of the drafter has served:
+        anywhere in [1, steps + 1] there, which only a run of the chain narrows."""
+        return "unseen" in self.source.split("+")
+
 
 @dataclass(frozen=True)
 class Overrides:

@@ -40,6 +40,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -322,9 +323,16 @@ def fleet_replay(
                 d = Decision(t, Action.HOLD, running, Reason.HOLD_INSUFFICIENT_DATA, {})
             else:
                 d = policy.tick(obs, t)
-            judged = could_judge(windows, replica_name(canary_index), running, fs.canary)
             move, target, _why = plan_move(
-                d, running, None, rejected, t, fs, n, Mode.ACTIVE, judged
+                d,
+                running,
+                None,
+                rejected,
+                t,
+                fs,
+                n,
+                Mode.ACTIVE,
+                partial(could_judge, windows, replica_name(canary_index), running, fs.canary),
             )
             record(d.action, d.profile, d.reason)
             if target is not None and target not in catalog:

@@ -18,6 +18,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ def plan_move(
     fleet: FleetSettings,
     replicas: int,
     mode: Mode,
-    canary_traffic: bool = True,
+    canary_traffic: Callable[[], bool] | None = None,
 ) -> tuple[str, str | None, str]:
     """What the fleet does with one decision (pure; the bench's fleet replay uses it too):
     ("hold", None, why), ("canary", target, why), ("rollout", target, why) or ("rewrite",
@@ -105,11 +106,11 @@ def plan_move(
     need at least two replicas. A switch to the running adaptive profile that rewrites its
     table (policies.hybrid_decide judged that the restart repays) restarts every replica on
     the same profile, rolling, with no canary: a canary compares two profiles' windows, and
-    the new table is the same profile's. `canary_traffic` False (the canary replica, or every
-    other, served no usable traffic in the last window: canary.could_judge) rolls the policy's
-    switch straight through, as with canaries off: a canary there could only run out of time
-    unjudged; the policy's own trial judges the switch, as on one server. An operator's forced
-    canary still runs."""
+    the new table is the same profile's. `canary_traffic` is asked only when a canary would
+    start: False (the canary replica, or every other, served no usable traffic in the last
+    window: canary.could_judge) rolls the policy's switch straight through, as with canaries
+    off: a canary there could only run out of time unjudged; the policy's own trial judges the
+    switch, as on one server. An operator's forced canary still runs."""
     target = forced or (d.profile if d.action is Action.SWITCH else None)
     rewrite = forced is None and target == running and rewrites_table(d)
     if target is None or (target == running and not rewrite):
@@ -123,7 +124,7 @@ def plan_move(
     if forced is None and since is not None and now_s - since < fleet.canary.retry_after_s:
         return "hold", None, f"{target}'s canary was rolled back {now_s - since:.0f} s ago"
     if fleet.canary.enabled and replicas >= 2:
-        if forced is None and not canary_traffic:
+        if forced is None and canary_traffic is not None and not canary_traffic():
             return "rollout", target, f"{d.reason.value} (no canary: its replica has no traffic)"
         return "canary", target, d.reason.value
     return "rollout", target, d.reason.value
@@ -248,16 +249,17 @@ class FleetController:
         self.record.decisions.append(d)
         # The deployment's adaptive tables (one file per profile, every replica launches it).
         adaptive_tables.sync(self.settings, self.state, None, self._tables_written)
+        running = self.running
         move, target, why = plan_move(
             d,
-            self.running,
+            running,
             forced,
             self.rejected,
             now,
             self.fleet,
             len(self.actuator.replicas),
             self.mode,
-            could_judge(windows, self.actuator.canary.name, self.running, self.fleet.canary),
+            partial(could_judge, windows, self.actuator.canary.name, running, self.fleet.canary),
         )
         if move == "rollout" and why != d.reason.value:
             log.info("fleet: %s", why)

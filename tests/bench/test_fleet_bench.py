@@ -320,10 +320,11 @@ def test_plan_move_skips_a_canary_that_could_not_be_judged() -> None:
     fs = fb.fleet_settings(fleet_scenario())
     d = Decision(0.0, Action.SWITCH, "baseline", Reason.SWITCH_PREDICTED_GAIN, {})
     assert plan_move(d, "eagle3-2step", None, {}, 0.0, fs, 3, Mode.ACTIVE)[0] == "canary"
-    move, target, why = plan_move(d, "eagle3-2step", None, {}, 0.0, fs, 3, Mode.ACTIVE, False)
+    no = lambda: False  # noqa: E731
+    move, target, why = plan_move(d, "eagle3-2step", None, {}, 0.0, fs, 3, Mode.ACTIVE, no)
     assert (move, target) == ("rollout", "baseline") and "no canary" in why
     # An operator's forced canary runs anyway.
-    forced = plan_move(d, "eagle3-2step", "baseline", {}, 0.0, fs, 3, Mode.ACTIVE, False)
+    forced = plan_move(d, "eagle3-2step", "baseline", {}, 0.0, fs, 3, Mode.ACTIVE, no)
     assert forced[:2] == ("canary", "baseline")
 
 
