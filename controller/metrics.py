@@ -62,7 +62,7 @@ class ControllerMetrics:
         )
         self.cycle_seconds = Gauge(
             "specpilot_cycle_seconds",
-            "Estimated decode cycle time per profile at the batch size served now.",
+            "Estimated decode cycle time per profile at the batch size it would serve now.",
             ["profile"],
             registry=r,
         )

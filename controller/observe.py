@@ -399,9 +399,10 @@ def parse_loads(payload: Any) -> LoadsSummary:
 
 
 def merge_loads(snap: Snapshot, loads: LoadsSummary | None) -> Snapshot:
-    """Add /v1/loads data to a Snapshot parsed from /metrics: moments always; running, queue and
-    gen_throughput only where /metrics lacked them (servers without --enable-metrics), so the
-    gauges that weight the accept length come from the same log interval."""
+    """Add /v1/loads data to a Snapshot parsed from /metrics: moments and max running requests
+    always; running, queue and gen_throughput only where /metrics lacked them (servers without
+    --enable-metrics), so the gauges that weight the accept length come from the same log
+    interval."""
     if loads is None:
         return snap
     return replace(
@@ -409,6 +410,7 @@ def merge_loads(snap: Snapshot, loads: LoadsSummary | None) -> Snapshot:
         moments=loads.moments,
         running_reqs=snap.running_reqs if snap.running_reqs is not None else loads.running_reqs,
         queue_reqs=snap.queue_reqs if snap.queue_reqs is not None else loads.waiting_reqs,
+        max_running_reqs=loads.max_running_requests,
         gen_throughput_tok_s=(
             snap.gen_throughput_tok_s
             if snap.gen_throughput_tok_s is not None
@@ -515,6 +517,7 @@ def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
         "profile": s.profile,
         "running_reqs": _json_num(s.running_reqs),
         "queue_reqs": _json_num(s.queue_reqs),
+        "max_running_reqs": _json_num(s.max_running_reqs),
         "gen_throughput_tok_s": _json_num(s.gen_throughput_tok_s),
         "spec_accept_length": _json_num(s.spec_accept_length),
         "spec_accept_rate": _json_num(s.spec_accept_rate),

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from controller import sglang_names as sg
 from controller.fleet.settings import FleetSettings
 from policies.types import Mode, ProfileSpec
 
@@ -222,7 +223,9 @@ class Settings(_Frozen):
         return self
 
     def profile_specs(self) -> list[ProfileSpec]:
-        return [profile_spec(name, p) for name, p in self.profiles.items()]
+        return [
+            profile_spec(name, p, self.server.common_flags) for name, p in self.profiles.items()
+        ]
 
     def api_token(self) -> str:
         """Write token: SPECPILOT_API_TOKEN, else api.token, else token_file's first line."""
@@ -337,14 +340,19 @@ def _int_flag(vals: Mapping[str, str | None], name: str) -> int | None:
         raise ValueError(f"{name} must be an integer, got {v!r}") from None
 
 
-def profile_spec(name: str, profile: ProfileSettings) -> ProfileSpec:
+def profile_spec(
+    name: str, profile: ProfileSettings, common_flags: Sequence[str] = ()
+) -> ProfileSpec:
     """The speculation shape of a profile, resolved with SGLang 0.5.23's rules
     (srt/arg_groups/speculative_hook.py): steps unset -> topk and draft tokens must be unset too and
-    SGLang picks (3 steps, topk 1, 4 tokens); topk 1 -> draft tokens = steps + 1.
+    SGLang picks (3 steps, topk 1, 4 tokens); topk 1 -> draft tokens = steps + 1. Its max running
+    requests: `--max-running-requests` from the profile's flags, else from `common_flags` (they
+    come first on the command line), else 48 with speculation (SGLang's rule), else unknown.
     Raises ValueError with the flag and the reason for flags SGLang would reject."""
     if profile.candidate_steps is not None and profile.kind != "adaptive":
         raise ValueError("candidate_steps is for kind = 'adaptive' profiles only")
     vals = _flag_values(profile.flags)
+    cap = _max_running({**_flag_values(common_flags), **vals})
     algo = vals.get("--speculative-algorithm")
     if "--speculative-algorithm" in vals and algo is None:
         raise ValueError("--speculative-algorithm needs a value")
@@ -357,7 +365,7 @@ def profile_spec(name: str, profile: ProfileSettings) -> ProfileSpec:
             raise ValueError("--speculative-* flags given without --speculative-algorithm")
         if profile.kind == "adaptive":
             raise ValueError("kind = 'adaptive' needs --speculative-algorithm EAGLE or EAGLE3")
-        return ProfileSpec(name=name)
+        return ProfileSpec(name=name, max_running_requests=cap)
     algo = algo.upper()
     if algo not in SPEC_ALGORITHMS:
         raise ValueError(
@@ -413,7 +421,17 @@ def profile_spec(name: str, profile: ProfileSettings) -> ProfileSpec:
         algorithm=algo,
         adaptive=adaptive,
         candidate_steps=candidates,
+        # SGLang forces 48 running requests with speculation when the flag is unset.
+        max_running_requests=sg.SPEC_DEFAULT_MAX_RUNNING_REQUESTS if cap is None else cap,
     )
+
+
+def _max_running(vals: Mapping[str, str | None]) -> int | None:
+    """`--max-running-requests` (None when unset); raises ValueError unless it is >= 1."""
+    cap = _int_flag(vals, sg.FLAG_MAX_RUNNING_REQUESTS)
+    if cap is not None and cap < 1:
+        raise ValueError(f"{sg.FLAG_MAX_RUNNING_REQUESTS} must be >= 1, got {cap}")
+    return cap
 
 
 def _adaptive_candidates(path: str) -> tuple[int, ...]:
@@ -460,7 +478,7 @@ def settings_from_dict(raw: Mapping[str, Any], *, source: str = "<config>") -> S
         raise ConfigError("\n".join(lines)) from None
     for name, prof in settings.profiles.items():
         try:
-            profile_spec(name, prof)
+            profile_spec(name, prof, settings.server.common_flags)
         except ValueError as e:
             raise ConfigError(f"{source}: profiles.{name}.flags: {e}") from None
     try:

@@ -70,6 +70,11 @@ LOADS_QUERY: Final = {"include": "core,spec"}
 PATH_SERVER_INFO: Final = "/server_info"
 PATH_SERVER_INFO_DEPRECATED: Final = "/get_server_info"  # pre-0.5 servers, deprecated in 0.5
 
+# --- server args ---
+FLAG_MAX_RUNNING_REQUESTS: Final = "--max-running-requests"
+# What SGLang sets --max-running-requests to when it is unset and speculation is on.
+SPEC_DEFAULT_MAX_RUNNING_REQUESTS: Final = 48
+
 # --- /v1/loads JSON keys: {"timestamp", "version", "accelerator", "num_accelerators",
 #     "loads": [{"dp_rank", "num_running_reqs", "num_waiting_reqs", "gen_throughput",
 #                "max_running_requests", "decode_moments", ..., "speculative": {...}}]} ---

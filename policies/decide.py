@@ -761,13 +761,13 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
     hybrid_decide.observe_self(state, obs, s)
     state.overhead.update(obs)
     generated = {w.workload: w.generation_tokens or 0.0 for w in obs.workloads}
-    hybrid_decide.observe(state.long_run, sig.batch, obs.window_s, obs.t_s, s, generated)
+    hybrid_decide.observe(state.long_run, sig.load, obs.window_s, obs.t_s, s, generated)
     _boot_check(state, obs, s)
     p = obs.profile
     streams: list[tuple[str, float | None]] = []
     # Clients reconnect after a restart: the first windows of a boot are not the traffic.
     if state.boot_windows >= s.trial_warmup_windows:
-        streams.append(("batch", sig.batch))
+        streams.append(("batch", sig.load))
     state.boot_windows += 1
     # Traffic first: a change in step time found in the same window is then known to have
     # come with the traffic (_with_traffic).
@@ -1155,7 +1155,7 @@ def _eval_key(state: PolicyState) -> dict[str, Any]:
         "running": state.running,
         "last_change_s": state.last_change_s,
         "last_model_change_s": state.last_model_change_s,
-        "batch": state.model.concurrency.estimate(),
+        "batch": state.model.concurrency.load(),
         "mix": state.model.mix.shares(),
         "tried": sorted(state.tried),
         "failed": sorted(state.failed),
@@ -1408,8 +1408,6 @@ def _exploration(
     def before(t: float | None, change: float | None) -> bool:
         return change is not None and (t is None or t < change)
 
-    b = state.model.concurrency.estimate()
-
     def unknown(name: str) -> bool:
         if name == state.running or name in blocked:
             return False
@@ -1424,7 +1422,7 @@ def _exploration(
         if (
             specs[state.running].adaptive
             and not specs[name].adaptive
-            and b is not None
+            and (b := state.model.batch_for(name)) is not None
             and state.model.cycle.support(name, b) == "extrapolated"
         ):
             return True
@@ -1537,8 +1535,9 @@ def on_switch_done(
                 "profile": profile,
                 "from": pending["from"],
                 "kind": "decode",
-                # The batch size the prediction was made for (the traffic before the restart).
-                "batch": state.model.concurrency.estimate(),
+                # The batch size the prediction was made for (the profile's under the load
+                # before the restart).
+                "batch": state.model.batch_for(profile),
                 "predicted": pending["predicted"],
                 "predicted_wall": pending.get("predicted_wall"),
                 "windows": [],

@@ -1640,15 +1640,19 @@ class _RecentWindows:
 class Concurrency(_RecentWindows):
     """Batch size being served: step-weighted mean of the moments' batch sizes per window
     (sum_bs / n_steps), else the running-requests gauge; forgotten with a short half-life so it
-    describes the traffic now. The last RECENT_WINDOWS windows are kept as they came, so a
-    detected change can restart the estimate from the windows since (`rebase`)."""
+    describes the traffic now. Beside it the load offered: the batch plus the requests queued
+    behind a cap that binds (the running batch at the server's max running requests), which a
+    profile with a higher cap would run too; a queue below the cap (requests waiting for their
+    prefill, a full KV pool) is none. The last RECENT_WINDOWS windows are kept as they came, so
+    a detected change can restart the estimate from the windows since (`rebase`)."""
 
     def __init__(self, half_life_s: float = 30.0) -> None:
         self.half_life_s = float(half_life_s)
         self.w = 0.0
         self.wb = 0.0
+        self.wl = 0.0
         self.last_t_s: float | None = None
-        self.recent: list[tuple[float, float, float]] = []  # (t_s, window_s, batch)
+        self.recent: list[tuple[float, float, float, float]] = []  # (t_s, window_s, batch, load)
 
     @staticmethod
     def window_batch(obs: Observation) -> float | None:
@@ -1660,52 +1664,79 @@ class Concurrency(_RecentWindows):
             return obs.running_reqs
         return None
 
-    def update(self, obs: Observation) -> float | None:
+    @staticmethod
+    def window_load(batch: float, obs: Observation, cap: float | None) -> float:
+        """The load a window offered: `batch`, plus the queue when the batch is at `cap` (the
+        running profile's max running requests; within a request or 5% of it, since
+        requests finish and queued ones join between steps)."""
+        q = obs.queue_reqs
+        if cap is None or q is None or not (0.0 < q < math.inf):
+            return batch
+        return batch + q if batch >= cap - max(1.0, 0.05 * cap) else batch
+
+    def update(self, obs: Observation, cap: float | None = None) -> float | None:
+        """Absorb a window (`cap`: the running profile's max running requests, None where
+        unknown). Returns the load it offered (None without a batch size)."""
         b = self.window_batch(obs)
         if b is None:
             return None
-        self._absorb(obs.window_s, b)
+        load = self.window_load(b, obs, cap)
+        self._absorb(obs.window_s, b, load)
         self.last_t_s = obs.t_s
-        self._remember(obs.t_s, obs.window_s, b)
-        return b
+        self._remember(obs.t_s, obs.window_s, b, load)
+        return load
 
-    def _absorb(self, window_s: float, b: float) -> None:
+    def _absorb(self, window_s: float, b: float, load: float) -> None:
         lam = decay(window_s, self.half_life_s)
         self.w = self.w * lam + 1.0
         self.wb = self.wb * lam + b
+        self.wl = self.wl * lam + load
 
     def estimate(self) -> float | None:
+        """The batch size the running profile serves."""
         return self.wb / self.w if self.w > 0 else None
+
+    def load(self) -> float | None:
+        """The load offered: what a profile without a binding cap would run."""
+        return self.wl / self.w if self.w > 0 else None
 
     def discount(self, factor: float) -> None:
         """Keep only `factor` of the windows seen so far."""
         f = min(max(factor, 0.0), 1.0)
         self.w *= f
         self.wb *= f
+        self.wl *= f
 
-    def _set_aside(self) -> tuple[float, float]:
-        old = (self.w, self.wb)
-        self.w = self.wb = 0.0
+    def _set_aside(self) -> tuple[float, float, float]:
+        old = (self.w, self.wb, self.wl)
+        self.w = self.wb = self.wl = 0.0
         return old
 
-    def _add_back(self, old: tuple[float, float]) -> None:
+    def _add_back(self, old: tuple[float, float, float]) -> None:
         self.w += old[0]
         self.wb += old[1]
+        self.wl += old[2]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "half_life_s": self.half_life_s,
             "w": self.w,
             "wb": self.wb,
+            "wl": self.wl,
             "last_t_s": self.last_t_s,
             "recent": [list(r) for r in self.recent],
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Concurrency:
+        """Also reads states saved before the offered load was kept (it was the batch then)."""
         obj = cls(d["half_life_s"])
         obj.w, obj.wb, obj.last_t_s = float(d["w"]), float(d["wb"]), d.get("last_t_s")
-        obj.recent = [(float(t), float(w), float(b)) for t, w, b in d.get("recent", [])]
+        obj.wl = float(d.get("wl", obj.wb))
+        obj.recent = [
+            (float(r[0]), float(r[1]), float(r[2]), float(r[3] if len(r) > 3 else r[2]))
+            for r in d.get("recent", [])
+        ]
         return obj
 
 
@@ -1806,7 +1837,7 @@ class WorkloadMix(_RecentWindows):
 class WindowSignals:
     """What one window says, for change detection (None where unknown)."""
 
-    batch: float | None
+    load: float | None  # the load offered (the batch, plus requests queued behind a binding cap)
     accept_length: float | None
     cycle_ratio: float | None  # window step time / prediction before it at the window's B
     step_s: float | None  # window mean step time
@@ -1846,12 +1877,33 @@ class ThroughputModel:
         self.mix = WorkloadMix(mix_half_life_s)
         self.observed_half_life_s = float(observed_half_life_s)
         self.observed: dict[str, tuple[float, float]] = {}  # profile -> (w, w * tok_s)
+        # Max running requests each profile's server reported (/v1/loads), the last one.
+        self.caps: dict[str, float] = {}
+
+    def cap(self, profile: str) -> float | None:
+        """The most requests `profile`'s server runs at once: what it reported when it ran,
+        else its flags' (ProfileSpec), else None (unknown: no cap assumed)."""
+        c = self.caps.get(profile)
+        if c is not None:
+            return c
+        m = self.specs[profile].max_running_requests
+        return None if m is None else float(m)
+
+    def batch_for(self, profile: str, load: float | None = None) -> float | None:
+        """The batch size `profile` would serve under `load` (default: the load offered now):
+        the load, or its cap where the load is above it (the rest queue)."""
+        x = self.concurrency.load() if load is None else load
+        c = self.cap(profile)
+        return x if x is None or c is None else min(x, c)
 
     def observe(self, obs: Observation) -> WindowSignals:
         """Feed one same-profile window (the caller skips reset/profile-change windows)."""
         if obs.profile not in self.specs:
             raise KeyError(f"unknown profile {obs.profile!r}")
-        batch = self.concurrency.update(obs)
+        m = obs.max_running_reqs
+        if m is not None and 1.0 <= m < math.inf:
+            self.caps[obs.profile] = float(m)
+        load = self.concurrency.update(obs, self.cap(obs.profile))
         self.mix.update(obs)
         ratio = step_s = None
         if obs.moments is not None:
@@ -1864,7 +1916,7 @@ class ThroughputModel:
             lam = decay(obs.window_s, self.observed_half_life_s)
             w, wt = self.observed.get(obs.profile, (0.0, 0.0))
             self.observed[obs.profile] = (w * lam + 1.0, wt * lam + tok)
-        return WindowSignals(batch, L, ratio, step_s, tok)
+        return WindowSignals(load, L, ratio, step_s, tok)
 
     def observed_tok_s(self, profile: str) -> float | None:
         w, wt = self.observed.get(profile, (0.0, 0.0))
@@ -1950,9 +2002,10 @@ class ThroughputModel:
         stale_widen: float = 2.0,
         cycle_moves: Sequence[tuple[float, float]] = (),
     ) -> ProfilePrediction:
-        """tok/s of `profile` at `batch` (default: the concurrency now) and `mix` (default: the
-        mix now). Parts whose newest data predates `fresh_since_s` (a change point) have their
-        interval widened by `stale_widen`. `cycle_moves` (time, ratio): detected changes of the
+        """tok/s of `profile` at `batch` (default: the batch it would serve under the load offered
+        now, `batch_for`) and `mix` (default: the mix now). Parts whose newest data predates
+        `fresh_since_s` (a change point) have their interval widened by `stale_widen`.
+        `cycle_moves` (time, ratio): detected changes of the
         step time of profiles of this one's kind (verify or decode forwards); a cycle estimate
         from own data older than some of them has most likely moved as far as their product
         (a change of system state moves every forward of a kind: FIELD.md's reboot moved the
@@ -1961,7 +2014,7 @@ class ThroughputModel:
         if profile not in self.specs:
             raise KeyError(f"unknown profile {profile!r}")
         spec = self.specs[profile]
-        b = batch if batch is not None else self.concurrency.estimate()
+        b = batch if batch is not None else self.batch_for(profile)
         mx = dict(mix) if mix is not None else self.mix.shares()
         sample = None
         if mix is None and self.mix.counts_requests:
@@ -2048,6 +2101,7 @@ class ThroughputModel:
             "mix": self.mix.to_dict(),
             "observed_half_life_s": self.observed_half_life_s,
             "observed": {k: list(v) for k, v in self.observed.items()},
+            "caps": dict(self.caps),
         }
 
     @classmethod
@@ -2060,6 +2114,7 @@ class ThroughputModel:
         obj.mix = WorkloadMix.from_dict(d["mix"])
         obj.observed_half_life_s = float(d["observed_half_life_s"])
         obj.observed = {k: (float(v[0]), float(v[1])) for k, v in d["observed"].items()}
+        obj.caps = {k: float(v) for k, v in d.get("caps", {}).items()}
         return obj
 
 
@@ -2081,6 +2136,7 @@ def _spec_to_dict(p: ProfileSpec) -> dict[str, Any]:
         "algorithm": p.algorithm,
         "adaptive": p.adaptive,
         "candidate_steps": list(p.candidate_steps),
+        "max_running_requests": p.max_running_requests,
     }
 
 
@@ -2093,6 +2149,9 @@ def _spec_from_dict(d: Mapping[str, Any]) -> ProfileSpec:
         algorithm=d.get("algorithm"),
         adaptive=bool(d.get("adaptive", False)),
         candidate_steps=tuple(int(x) for x in d.get("candidate_steps", ())),
+        max_running_requests=(
+            None if d.get("max_running_requests") is None else int(d["max_running_requests"])
+        ),
     )
 
 

@@ -233,7 +233,8 @@ def observe(
     s: PolicySettings,
     tokens: Mapping[str, float] | None = None,
 ) -> None:
-    """One window's batch size (from decode moments or running requests) into the histogram,
+    """One window's load (the batch size from decode moments or running requests, plus the
+    requests queued behind a binding cap: ThroughputModel.observe) into the histogram,
     its generated tokens per workload (`tokens`) into the long-run mix (token shares, as the
     mix estimator's: a busy phase weighs by what it produced, not by its length), and a flip
     when the batch size moved by a factor of 2 or more since the window before."""
@@ -586,12 +587,11 @@ def replace_predictions(
     estimates can price it (else the profile's own-data prediction stays)."""
     if state.hybrid is None:
         return preds
-    b = state.model.concurrency.estimate()
     specs = state.specs
     out = []
     for pr in preds:
         spec = specs[pr.profile]
-        hp = predict(state, spec, b, s) if spec.adaptive else None
+        hp = predict(state, spec, state.model.batch_for(spec.name), s) if spec.adaptive else None
         out.append(hp if hp is not None else pr)
     return out
 
@@ -761,7 +761,8 @@ def refresh_tables(state: PolicyState, now_s: float, s: PolicySettings) -> None:
 
 
 def _points(lr: LongRunState) -> list[tuple[float, float]]:
-    """(mean batch, weight) per half-octave bucket of the batch-size histogram."""
+    """(mean load, weight) per half-octave bucket of the load histogram (the batch sizes a
+    profile without a binding cap serves)."""
     acc: dict[int, list[float]] = {}
     for k, w in lr.batch_w.items():
         b = float(k)
@@ -794,7 +795,8 @@ def _value(
     n = math.inf
     # An adaptive profile's inputs are read once for every batch size.
     ins = inputs(state, spec, mix) if spec.adaptive else None
-    for b, w in pts:
+    for load, w in pts:
+        b = state.model.batch_for(name, load)
         if spec.adaptive:
             pr = predict(state, spec, b, s, table, mix, ins)
         else:
@@ -961,7 +963,7 @@ def long_run(
         diag["long_run_net_tokens"] = net
         if D.budget_exhausted(state, now_s, s):
             return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
-        b = state.model.concurrency.estimate()
+        b = state.model.batch_for(name)
         if is_rewrite:
             assert run is not None
             pr = predict(state, state.specs[name], b, s, run["candidate"])
@@ -1000,7 +1002,7 @@ def _rewrite_now(
     lr = state.long_run
     age = now_s - state.regime_start_s
     horizon = state.regimes.expected_remaining_s(age)
-    b = state.model.concurrency.estimate()
+    b = state.model.batch_for(state.running)
     spec = state.specs[state.running]
     cur = predict(state, spec, b, s)
     new = predict(state, spec, b, s, run["candidate"])

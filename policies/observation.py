@@ -160,6 +160,7 @@ def diff(prev: Snapshot, cur: Snapshot) -> Observation:
     gauges = {
         "running_reqs": _counter(cur.running_reqs),
         "queue_reqs": _counter(cur.queue_reqs),
+        "max_running_reqs": _counter(cur.max_running_reqs),
         "gen_throughput_tok_s": _counter(cur.gen_throughput_tok_s),
         "spec_accept_length": _counter(cur.spec_accept_length),
         "spec_accept_rate": _counter(cur.spec_accept_rate),

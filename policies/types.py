@@ -64,7 +64,10 @@ class ProfileSpec:
 
     `num_steps` 0 means no speculation (true baseline). `draft_tokens` is the tokens verified per
     sequence per cycle (steps + 1 for topk 1; 1 for baseline). An adaptive profile runs SGLang's
-    in-process tier switching among `candidate_steps`.
+    in-process tier switching among `candidate_steps`. `max_running_requests` is the most
+    requests its server runs at once (`--max-running-requests`; SGLang forces 48 with
+    speculation when unset), None where the server picks it (from its KV pool): under more load
+    than that the rest queue, so profiles with different caps serve different batch sizes.
     """
 
     name: str
@@ -74,6 +77,7 @@ class ProfileSpec:
     algorithm: str | None = None
     adaptive: bool = False
     candidate_steps: tuple[int, ...] = ()
+    max_running_requests: int | None = None
 
     @property
     def speculative(self) -> bool:
@@ -119,6 +123,7 @@ class Observation:
     profile: str  # the profile actually running (confirmed against /server_info)
     running_reqs: float | None = None
     queue_reqs: float | None = None
+    max_running_reqs: float | None = None  # the server's cap on running requests (/v1/loads)
     gen_throughput_tok_s: float | None = None  # SGLang's own gauge
     spec_accept_length: float | None = None  # accepted drafts + bonus, per verify step
     spec_accept_rate: float | None = None
@@ -249,6 +254,7 @@ class Snapshot:
     # gauges (SGLang's last interval values)
     running_reqs: float | None = None
     queue_reqs: float | None = None
+    max_running_reqs: float | None = None  # /v1/loads max_running_requests (summed over DP)
     gen_throughput_tok_s: float | None = None
     spec_accept_length: float | None = None
     spec_accept_rate: float | None = None

@@ -216,6 +216,7 @@ class VirtualServer(ServerCounters):
             profile=self.profile,
             running_reqs=running,
             queue_reqs=queued,
+            max_running_reqs=float(self.engine.max_running_requests),
             gen_throughput_tok_s=gen_tp,
             spec_accept_length=accept_len,
             spec_accept_rate=accept_rate,

@@ -16,6 +16,7 @@ Interface, called by harness.replay in the daemon's order:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -331,10 +332,12 @@ class SpecpilotHybrid(Specpilot):
         # The server's max running requests pads batch sizes and bounds the table's buckets
         # (SGLang forces 48 with speculation when the flags do not set it).
         mrr = max_running_requests if max_running_requests is not None else 48
+        self.max_running_requests = mrr
         super().__init__(user_settings(sim, hybrid_max_running_requests=mrr))
 
     def start(self, profiles: Sequence[ProfileSpec], running: str, now_s: float) -> None:
         extra = bench_profile(HYBRID_PROFILE).spec
+        extra = dataclasses.replace(extra, max_running_requests=self.max_running_requests)
         super().start([*profiles, extra], running, now_s)
 
     def adaptive_table(self, profile: str) -> dict[str, Any] | None:

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from controller import sglang_names as sg
 from policies.types import ProfileSpec
 from simulator.model import (
     CostScale,
@@ -281,10 +282,17 @@ class Scenario:
         return {p: float(sim.restart_s(catalog[p].sim)) for p in self.profiles}
 
     def catalog(self) -> dict[str, BenchProfile]:
-        """The candidates plus the adaptive peer's and the hybrid peer's profiles, by name."""
-        out = {n: bench_profile(n) for n in self.profiles}
-        out.setdefault(ADAPTIVE_PROFILE, bench_profile(ADAPTIVE_PROFILE))
-        out.setdefault(HYBRID_PROFILE, bench_profile(HYBRID_PROFILE))
+        """The candidates plus the adaptive peer's and the hybrid peer's profiles, by name, each
+        with the max running requests the daemon reads off the same flags (`profile_spec`): the
+        scenario's `max_running_requests`, else SGLang's 48 with speculation, else none known."""
+        names = [*self.profiles, ADAPTIVE_PROFILE, HYBRID_PROFILE]
+        out = {}
+        for n in dict.fromkeys(names):
+            bp = bench_profile(n)
+            cap = self.max_running_requests
+            if cap is None and bp.spec.speculative:
+                cap = sg.SPEC_DEFAULT_MAX_RUNNING_REQUESTS
+            out[n] = replace(bp, spec=replace(bp.spec, max_running_requests=cap))
         return out
 
     def phase_at(self, t_s: float) -> Phase:

@@ -152,6 +152,7 @@ def mean_replica(observations: Sequence[Observation]) -> Observation | None:
         profile=obs[0].profile,
         running_reqs=_mean([o.running_reqs for o in obs]),
         queue_reqs=_mean([o.queue_reqs for o in obs]),
+        max_running_reqs=_mean([o.max_running_reqs for o in obs]),
         gen_throughput_tok_s=_mean([o.gen_throughput_tok_s for o in obs]),
         spec_accept_length=_weighted([o.spec_accept_length for o in obs], verify),
         spec_accept_rate=_weighted([o.spec_accept_rate for o in obs], verify),

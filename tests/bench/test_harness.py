@@ -147,3 +147,29 @@ def test_a_chain_is_explored_again_for_a_workload_no_chain_has_served() -> None:
     assert later[0].t_s < 5400.0 + 3600.0
     seven = replay(sc, Static("eagle3-7step"))
     assert rep.tokens > 0.9 * seven.tokens
+
+
+def test_a_baseline_that_runs_the_whole_load_past_the_speculative_cap_is_found() -> None:
+    """96 streams on the untuned Kimi, starting on 4-step: with speculation SGLang runs at most
+    48 requests (the rest queue), baseline runs all 96 and serves 5% more. The queue behind the
+    cap says so: specpilot prices baseline at 96 and explores it (before, it priced baseline at
+    the 48 it saw running, a bound only, and stayed on 4-step all day)."""
+    from controller.bench.peers import Specpilot
+
+    sc = scenario_from_dict(
+        {
+            "name": "t",
+            "profile": "kimi-k2.5-pcie-untuned",
+            "seed": 3,
+            "initial_profile": "eagle3-4step",
+            "profiles": ["baseline", "eagle3-4step"],
+            "phases": [
+                {"duration_s": 7200, "concurrency": 96, "workloads": {"chat": 0.5, "code": 0.5}}
+            ],
+        }
+    )
+    rep = replay(sc, Specpilot())
+    assert [(s.to_profile, s.reason) for s in rep.switches] == [("baseline", "explore")]
+    base = replay(sc, Static("baseline")).tokens
+    assert replay(sc, Static("eagle3-4step")).tokens < 0.96 * base
+    assert rep.tokens > 0.98 * base

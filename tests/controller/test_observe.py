@@ -271,7 +271,7 @@ def test_snapshot_to_json_shape() -> None:
     }
     assert list(d["generation_tokens"]) == ["a", "b"]
     assert d["accepted_drafts_hist"] == [1.0, 2.0, 3.0]
-    assert d["queue_reqs"] is None
+    assert d["queue_reqs"] is None and d["max_running_reqs"] is None
     assert json.loads(observe.snapshot_json_dumps(s)) == d
     assert not any(isinstance(v, float) and math.isnan(v) for v in d.values())
 

@@ -117,6 +117,7 @@ async def test_scrape_merges_metrics_and_loads() -> None:
     assert (s.profile, s.t_s) == ("eagle3-2", 42.0)
     assert s.running_reqs == 7.0  # from /metrics (same interval as the gauges it weights)
     assert s.queue_reqs == 2.0  # /metrics lacked it: from /v1/loads
+    assert s.max_running_reqs == 128.0  # the cap the scheduler runs (summed over DP ranks)
     assert s.gen_throughput_tok_s == 712.5
     assert dict(s.generation_tokens) == {"code": 100.0}
     assert s.moments is not None and s.moments[2] == pytest.approx(3.0)
@@ -130,7 +131,7 @@ async def test_scrape_without_v1_loads_keeps_moments_missing() -> None:
         s = await scrape(client, "http://x", profile="p", t_s=0.0)
     assert s.moments is None
     assert s.running_reqs == 7.0
-    assert s.queue_reqs is None
+    assert s.queue_reqs is None and s.max_running_reqs is None
 
 
 async def test_scrape_bad_loads_json_is_not_fatal() -> None:

@@ -143,6 +143,24 @@ def test_sglang_flag_rules(flags: list[str], steps: int, topk: int, tokens: int)
     assert (spec.num_steps, spec.topk, spec.draft_tokens) == (steps, topk, tokens)
 
 
+def test_max_running_requests_per_profile_as_sglang_resolves_it() -> None:
+    """A profile's flags win over common_flags (they come later on the command line); unset,
+    SGLang runs 48 with speculation and picks its own without; bad values are config errors."""
+    e2 = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "2"]
+    raw = _base(e2=e2, e2big=[*e2, "--max-running-requests", "96"])
+    specs = {p.name: p for p in settings_from_dict(raw).profile_specs()}
+    assert specs["baseline"].max_running_requests is None
+    assert specs["e2"].max_running_requests == 48
+    assert specs["e2big"].max_running_requests == 96
+    raw["server"]["common_flags"] = ["--max-running-requests=64"]
+    specs = {p.name: p for p in settings_from_dict(raw).profile_specs()}
+    assert [specs[n].max_running_requests for n in ("baseline", "e2", "e2big")] == [64, 64, 96]
+    for bad in ("0", "many"):
+        raw = _base(e2=[*e2, "--max-running-requests", bad])
+        with pytest.raises(ConfigError, match="profiles.e2.flags: --max-running-requests"):
+            settings_from_dict(raw)
+
+
 def test_time_scale_must_match_sim_speed() -> None:
     raw = _base()
     raw["server"]["common_flags"] = ["--sim-speed", "20"]

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 
@@ -678,3 +679,39 @@ def test_memoised_answers_stay_bounded_between_changes() -> None:
         assert m.cycle.estimate("eagle2", b) == m.cycle._estimate("eagle2", b)
         m.accept.predict("eagle2", "chat", float(i))
     assert len(m.cycle._memo) <= MEMO_MAX and len(m.accept._memo) <= MEMO_MAX
+
+
+def test_the_load_behind_a_binding_cap_prices_each_profile_at_its_own_batch() -> None:
+    """96 clients on a chain whose server runs at most 48 (SGLang's default with speculation):
+    48 run and 48 queue. The load offered is 96: a baseline whose server sets its own cap runs
+    all 96, another chain capped at 48 runs 48, and each is predicted at that batch. A queue
+    below the cap (requests waiting for their prefill) is no load; the cap a server reports
+    overrides its flags'; the state survives a JSON round trip, and states saved before the
+    load was kept read back with the batch as the load."""
+    capped = [BASE, dataclasses.replace(E2, max_running_requests=48), E5]
+    syn = Synth(seed=3)
+    m = ThroughputModel(capped)
+    t = 0.0
+    for _ in range(20):
+        t += 10.0
+        w = syn.window(E5, t, 48, ALPHAS, MIX)
+        m.observe(dataclasses.replace(w, queue_reqs=48.0, max_running_reqs=48.0))
+    assert m.concurrency.estimate() == pytest.approx(48.0, rel=0.02)
+    assert m.concurrency.load() == pytest.approx(96.0, rel=0.02)
+    assert m.batch_for("baseline") == pytest.approx(96.0, rel=0.02)
+    assert m.batch_for("eagle2") == 48.0 and m.batch_for("eagle5") == 48.0
+    assert m.predict("baseline") == m.predict("baseline", batch=m.batch_for("baseline"))
+    assert m.predict("eagle5") == m.predict("eagle5", batch=48.0)
+    d = json.loads(json.dumps(m.to_dict()))
+    m2 = ThroughputModel.from_dict(d)
+    assert m2.to_dict() == m.to_dict() and m2.batch_for("baseline") == m.batch_for("baseline")
+    old = dict(d["concurrency"], recent=[r[:3] for r in d["concurrency"]["recent"]])
+    del old["wl"]
+    assert Concurrency.from_dict(old).load() == pytest.approx(48.0, rel=0.02)
+    # A queue while the batch is below the cap is not load another profile would run.
+    w = syn.window(E5, t + 10.0, 40, ALPHAS, MIX)
+    assert Concurrency.window_load(40.0, dataclasses.replace(w, queue_reqs=3.0), 48.0) == 40.0
+    assert Concurrency.window_load(48.0, dataclasses.replace(w, queue_reqs=3.0), None) == 48.0
+    # The server's own report wins over the flags.
+    m.observe(dataclasses.replace(w, t_s=t + 10.0, max_running_reqs=64.0))
+    assert m.cap("eagle5") == 64.0 and m.cap("eagle2") == 48.0 and m.cap("baseline") is None

@@ -34,6 +34,8 @@ def test_plain_deltas_per_workload_and_totals() -> None:
         moments=(20.0, 80.0, 0.4, 340.0, 1.6, 200.0),
         accepted_drafts_hist=(6.0, 9.0, 20.0),
         running_reqs=4.0,
+        queue_reqs=2.0,
+        max_running_reqs=48.0,
     )
     o = diff(a, b)
     assert o.window_s == 10 and o.profile == "eagle2" and not o.counter_reset
@@ -49,6 +51,7 @@ def test_plain_deltas_per_workload_and_totals() -> None:
     )
     assert o.accepted_drafts_hist == (1.0, 4.0, 10.0)
     assert o.running_reqs == 4.0  # gauges from cur
+    assert (o.queue_reqs, o.max_running_reqs) == (2.0, 48.0)
 
 
 def test_counter_reset_makes_every_delta_the_current_value() -> None:
