@@ -1212,6 +1212,16 @@ def _ramping(obs: Observation, batch: float | None) -> bool:
     return m.sum_bs / m.n_steps < batch / math.sqrt(2.0)
 
 
+def _batch_shortfall(obs: Observation, batch: float | None) -> float:
+    """How many times smaller a window's mean batch is than `batch` (a trial's prediction
+    batch), at least 1: a step takes no less time for more sequences, so the window's decode
+    rate times this bounds the rate at `batch` from above."""
+    m = obs.moments
+    if batch is None or m is None or m.n_steps <= 0 or not m.sum_bs > 0:
+        return 1.0
+    return max(1.0, batch * m.n_steps / m.sum_bs)
+
+
 def _trial_step(
     state: PolicyState, obs: Observation, intake: str, s: PolicySettings, diag: dict[str, Any]
 ) -> TrialOutcome:
@@ -1234,6 +1244,9 @@ def _trial_step(
             rate = _decode_rate(obs) if decode else None
             if rate is not None:
                 tr["windows"].append(rate)
+                tr.setdefault("upper", list(tr["windows"][:-1])).append(
+                    rate * _batch_shortfall(obs, tr.get("batch"))
+                )
             elif obs.output_tok_s is not None:
                 tr.setdefault("wall_windows", []).append(float(obs.output_tok_s))
     if tr.get("traffic_change_s") is not None:
@@ -1245,11 +1258,13 @@ def _trial_step(
         diag["trial_traffic_change_s"] = tr["traffic_change_s"]
         return TrialOutcome.INCONCLUSIVE
     windows = tr["windows"]
+    upper = tr.get("upper")
     pred = Estimate.from_dict(tr["predicted"])
     if decode and not windows and tr.get("wall_windows") and tr.get("predicted_wall"):
         windows = tr["wall_windows"]
+        upper = None
         pred = Estimate.from_dict(tr["predicted_wall"])
-    out = assess_trial(pred, windows, s.trial)
+    out = assess_trial(pred, windows, s.trial, upper)
     diag["trial_profile"] = tr["profile"]
     diag["trial_outcome"] = out.value
     diag["trial_predicted_low"] = pred.low

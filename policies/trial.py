@@ -7,7 +7,10 @@ Flagger analysis are the model). The thresholds are named fields of TrialSetting
 Verdict: with m the mean and se the standard error of the observed windows, the bar is
 predicted.low x (1 - tolerance). Failed: m + z se is below the bar (confidently worse than the
 pessimistic end of the prediction). Successful: m - z se is at or above it. Otherwise running,
-until max_windows, then inconclusive.
+until max_windows, then inconclusive. Where a window ran a smaller batch than the prediction's,
+its rate says only that the rate at the prediction's batch lies between it and it scaled up by
+the ratio of the batch sizes (a step takes no less time for more sequences): the caller passes
+those upper ends as `upper`, and the trial fails only when they fail too.
 
 Must not: decide a rollback (decide.py does), read clocks, or do I/O.
 """
@@ -47,22 +50,33 @@ class TrialSettings:
     z: float = 2.0
 
 
-def assess_trial(
-    predicted: Estimate, observed_tok_s_windows: Sequence[float], settings: TrialSettings
-) -> TrialOutcome:
-    """Verdict on a trial so far (see the module docstring). Non-finite or negative windows are
-    ignored (a failed scrape is not evidence)."""
-    xs = [float(x) for x in observed_tok_s_windows if math.isfinite(x) and x >= 0]
-    if not xs:
-        return TrialOutcome.PENDING
-    if len(xs) < settings.min_windows:
-        return TrialOutcome.RUNNING
+def _mean_se(windows: Sequence[float]) -> tuple[int, float, float]:
+    xs = [float(x) for x in windows if math.isfinite(x) and x >= 0]
     n = len(xs)
+    if n == 0:
+        return 0, math.nan, math.nan
     m = sum(xs) / n
     var = sum((x - m) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0
-    se = math.sqrt(var / n)
+    return n, m, math.sqrt(var / n)
+
+
+def assess_trial(
+    predicted: Estimate,
+    observed_tok_s_windows: Sequence[float],
+    settings: TrialSettings,
+    upper: Sequence[float] | None = None,
+) -> TrialOutcome:
+    """Verdict on a trial so far (see the module docstring). Non-finite or negative windows are
+    ignored (a failed scrape is not evidence). `upper`: the windows' upper ends at the
+    prediction's batch, one per window (default: the windows themselves)."""
+    n, m, se = _mean_se(observed_tok_s_windows)
+    if n == 0:
+        return TrialOutcome.PENDING
+    if n < settings.min_windows:
+        return TrialOutcome.RUNNING
     bar = predicted.low * (1.0 - settings.tolerance)
-    if m + settings.z * se < bar:
+    n_up, m_up, se_up = _mean_se(upper) if upper is not None else (n, m, se)
+    if n_up > 0 and m_up + settings.z * se_up < bar:
         return TrialOutcome.FAILED
     if m - settings.z * se >= bar:
         return TrialOutcome.SUCCESSFUL

@@ -477,6 +477,41 @@ def test_trial_waits_for_the_batch_to_come_back_after_the_restart() -> None:
     assert len(st.trial["windows"]) == 1
 
 
+def test_a_trial_at_a_smaller_batch_than_predicted_for_does_not_fail() -> None:
+    """A trial predicted at batch 5 (the load estimate still carried some of the regime before)
+    whose windows serve batch 4: their decode rate is the profile's at 4, a fifth below the
+    prediction and under its bar. A step takes no less time for more sequences, so at 5 the
+    profile would serve at most 5/4 of it: the trial cannot say the profile failed, and it does
+    not roll back (before, it failed on the batch alone)."""
+    from policies.decide import _trial_step
+    from policies.trial import TrialOutcome
+
+    dr = warmed("eagle5", n=60)
+    st = dr.state
+    pred = st.model.predict(st.running, batch=5.0, mix=MIX)
+    assert pred.tok_s is not None
+    st.trial = {
+        "profile": st.running,
+        "from": "baseline",
+        "kind": "decode",
+        "batch": 5.0,
+        "predicted": pred.tok_s.to_dict(),
+        "windows": [],
+        "skip": 0,
+        "t_s": dr.t,
+    }
+    syn = Synth(seed=5)
+    spec = st.specs[st.running]
+    outcomes = []
+    for i in range(8):
+        obs = syn.window(spec, dr.t + 10.0 * (i + 1), 4, HI, MIX)
+        outcomes.append(_trial_step(st, obs, "ok", S, {}))
+    observed = sum(st.trial["windows"]) / len(st.trial["windows"])
+    assert observed < (1.0 - S.trial.tolerance) * pred.tok_s.low  # below the trial's bar
+    assert TrialOutcome.FAILED not in outcomes
+    assert st.trial["upper"] == pytest.approx([w * 1.25 for w in st.trial["windows"]], rel=0.05)
+
+
 def test_regimes_that_always_lasted_hours_lift_the_burst_wait() -> None:
     """Code (eagle5 pays) and chat (baseline pays) alternate hourly. The first boundaries wait
     out the burst rule (a restart's time from the change); once three regimes have lasted an

@@ -27,3 +27,14 @@ def test_bar_is_the_low_end_less_tolerance() -> None:
     # Bar = 90 * 0.9 = 81: steady 82 passes, steady 80 fails.
     assert assess_trial(PRED, [82.0, 82.0, 82.0], S) is TrialOutcome.SUCCESSFUL
     assert assess_trial(PRED, [80.0, 80.0, 80.0], S) is TrialOutcome.FAILED
+
+
+def test_windows_at_a_smaller_batch_fail_only_when_their_upper_ends_fail() -> None:
+    # Bar 81. Steady 70 fails on its own; scaled up to the prediction's batch (x 1.25: 87.5)
+    # it might have met the bar, so the trial runs on; scaled to 75 it still fails.
+    raw = [70.0, 70.0, 70.0]
+    assert assess_trial(PRED, raw, S) is TrialOutcome.FAILED
+    assert assess_trial(PRED, raw, S, [87.5, 87.5, 87.5]) is TrialOutcome.RUNNING
+    assert assess_trial(PRED, raw, S, [75.0, 75.0, 75.0]) is TrialOutcome.FAILED
+    # Success still needs the windows themselves at the bar.
+    assert assess_trial(PRED, [82.0] * 3, S, [90.0] * 3) is TrialOutcome.SUCCESSFUL
