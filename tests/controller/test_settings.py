@@ -157,7 +157,7 @@ def test_max_running_requests_per_profile_as_sglang_resolves_it() -> None:
     assert [specs[n].max_running_requests for n in ("baseline", "e2", "e2big")] == [64, 64, 96]
     for bad in ("0", "many"):
         raw = _base(e2=[*e2, "--max-running-requests", bad])
-        with pytest.raises(ConfigError, match="profiles.e2.flags: --max-running-requests"):
+        with pytest.raises(ConfigError, match=r"profiles\.e2\.flags: --max-running-requests"):
             settings_from_dict(raw)
 
 
