@@ -77,7 +77,9 @@ from policies.changepoint import (
     drift_finding,
 )
 from policies.estimators import (
+    Concurrency,
     ThroughputModel,
+    batch_bucket,
     comparable_step_s,
     cross_predictable,
     spec_from_dict,
@@ -328,6 +330,9 @@ class PolicyState:
     hybrid: HybridState | None = None
     # The batch sizes served and the flips of the traffic (the long-run rule, every profile set).
     long_run: LongRunState = field(default_factory=LongRunState)
+    # The highest half-octave batch bucket each profile has served, ever (not forgotten with
+    # the estimates: a batch size served once is not new again when its data fades).
+    served_top: dict[str, int] = field(default_factory=dict)
 
     @property
     def specs(self) -> dict[str, ProfileSpec]:
@@ -371,6 +376,7 @@ class PolicyState:
             "boot_windows": self.boot_windows,
             "hybrid": self.hybrid.to_dict() if self.hybrid is not None else None,
             "long_run": self.long_run.to_dict(),
+            "served_top": dict(self.served_top),
         }
 
     @classmethod
@@ -413,6 +419,7 @@ class PolicyState:
             # States saved before the long-run rule served every profile set kept the batch
             # history inside "hybrid".
             long_run=LongRunState.from_dict(d.get("long_run") or d.get("hybrid") or {}),
+            served_top={str(k): int(v) for k, v in d.get("served_top", {}).items()},
         )
 
 
@@ -757,6 +764,9 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
     if obs.counter_reset:
         return "reset"
     sig = state.model.observe(obs)
+    if (b := Concurrency.window_batch(obs)) is not None:
+        k = batch_bucket(b)
+        state.served_top[obs.profile] = max(k, state.served_top.get(obs.profile, k))
     # A running adaptive profile's own windows correct its table-based prediction.
     hybrid_decide.observe_self(state, obs, s)
     state.overhead.update(obs)
@@ -1433,12 +1443,25 @@ def _exploration(
         # An adaptive profile serving a batch size beyond every one a fixed profile was tried
         # at: its own windows price it there, the fixed one's price is a guess (stress w8:
         # MoE's saturating cost made 5-step's guess pessimistic, and the adaptive profile ran
-        # at 0.9 of it all day). Worth weighing as untried.
+        # at 0.9 of it all day). Worth weighing as untried. Tried ever, not data kept: a batch
+        # size whose data faded is not new again.
         if (
             specs[state.running].adaptive
             and not specs[name].adaptive
             and (b := state.model.batch_for(name)) is not None
             and state.model.cycle.support(name, b) == "extrapolated"
+            and batch_bucket(b) > state.served_top.get(name, -1)
+        ):
+            return True
+        # A profile that would run a larger batch under the load now than any profile ever served
+        # (the load queued behind the running profile's cap: a higher cap runs it): no forward
+        # served bounds its price there, a guess until it runs (stress a6: baseline, run at one
+        # stream only, would run 96 where the chains run 48).
+        bq = state.model.batch_for(name)
+        if (
+            bq is not None
+            and state.served_top
+            and batch_bucket(bq) > max(state.served_top.values())
         ):
             return True
         # A chain whose acceptance for the mix served now is unknown: a workload in it that no

@@ -173,3 +173,58 @@ def test_a_baseline_that_runs_the_whole_load_past_the_speculative_cap_is_found()
     base = replay(sc, Static("baseline")).tokens
     assert replay(sc, Static("eagle3-4step")).tokens < 0.96 * base
     assert rep.tokens > 0.98 * base
+
+
+def test_a_profile_that_would_run_a_batch_nobody_served_is_weighed_for_exploration() -> None:
+    """stress a6, shortened: an hour of one stream (5-step explored and kept), then 96 streams
+    with no cap set. The chains run 48 of them, baseline would run all 96: a batch size no
+    profile has served, so baseline's price there (run at one stream only) is a guess, and
+    exploring it is weighed although baseline was tried. It is explored and kept: at 96 it
+    serves about 8% more than 2-step (before, 2-step was explored and kept)."""
+    from controller.bench.peers import Specpilot
+
+    mix = {"chat": 0.7, "code": 0.3}
+    sc = scenario_from_dict(
+        {
+            "name": "t",
+            "profile": "kimi-k2.5-pcie-tuned",
+            "seed": 14,
+            "initial_profile": "baseline",
+            "phases": [
+                {"duration_s": 3600, "concurrency": 1, "workloads": mix},
+                {"duration_s": 10800, "concurrency": 96, "workloads": mix},
+            ],
+        }
+    )
+    rep = replay(sc, Specpilot())
+    later = [(s.to_profile, s.reason) for s in rep.switches if s.t_s > 3600.0]
+    assert later == [("baseline", "explore")]
+    assert rep.profile_at(sc.duration_s - 1.0) == "baseline"
+
+
+def test_a_batch_size_served_once_is_not_new_again_when_its_data_fades() -> None:
+    """Three hours of one stream (baseline, then 5-step explored), three of 64 streams with no
+    cap (baseline explored at 64, a batch nobody had served, then the hybrid profile kept),
+    three of one stream again. Baseline's one-stream data from the first minutes has faded by
+    then, but one stream is a batch size it did serve: the hybrid profile, serving it, does not
+    weigh baseline as untried there (before, it explored baseline and left for 5-step)."""
+    from controller.bench.peers import SpecpilotHybrid
+
+    mix = {"chat": 0.7, "code": 0.3}
+    sc = scenario_from_dict(
+        {
+            "name": "t",
+            "profile": "kimi-k2.5-pcie-tuned",
+            "seed": 14,
+            "initial_profile": "baseline",
+            "phases": [
+                {"duration_s": 10800, "concurrency": 1, "workloads": mix},
+                {"duration_s": 10800, "concurrency": 64, "workloads": mix},
+                {"duration_s": 10800, "concurrency": 1, "workloads": mix},
+            ],
+        }
+    )
+    rep = replay(sc, SpecpilotHybrid(None, sc.sim_profile()))
+    assert ("baseline", "explore") in [(s.to_profile, s.reason) for s in rep.switches]
+    assert [s for s in rep.switches if s.t_s > 21600.0] == []
+    assert rep.profile_at(sc.duration_s - 1.0) == "eagle3-hybrid"
