@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -82,10 +82,18 @@ def deployment_window(
     window seconds without a decode step, which the policy would learn as non-decode time per
     token of every profile (4 replicas, one stream: 0.1 s a token, 30x the truth, and every
     profile predicted at ~8 tok/s whatever its decode rate). When none served, all of them
-    (an idle window: the policy holds)."""
+    (an idle window: the policy holds).
+
+    Its queue is dropped (unknown) in a tick where some replica has no window (restarting, or
+    its first scrape after a start): the router sent that replica's clients to the others, whose
+    queues then hold them too (one of 2 replicas down: 3x the queue behind the cap), which is
+    not the load the deployment offers each replica."""
     mine = [w.obs for w in windows.values() if w.obs is not None and w.profile == running]
     served = [o for o in mine if (output_tokens(o) or 0.0) > 0.0]
-    return mean_replica(served or mine)
+    obs = mean_replica(served or mine)
+    if obs is not None and any(w.obs is None for w in windows.values()):
+        obs = replace(obs, queue_reqs=None)
+    return obs
 
 
 def plan_move(

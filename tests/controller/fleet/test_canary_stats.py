@@ -211,3 +211,28 @@ def test_the_deployment_window_leaves_out_replicas_that_served_nothing() -> None
     # A canary's window (another profile) is never the deployment's.
     tick["r0"] = ReplicaObservation("r0", "q", _obs(300.0, 1.0, profile="q"))
     assert deployment_window(tick, "p").decode_tokens == 0.0  # type: ignore[union-attr]
+
+
+def test_the_deployment_window_has_no_queue_while_a_replica_is_out() -> None:
+    """Two replicas capped at 48 with 96 streams each: 48 queue behind each cap. While one
+    restarts the router sends all 192 to the other, whose queue is 144: not the load the
+    deployment offers a replica, so that tick's window carries no queue (its batch stays)."""
+    import dataclasses
+
+    from controller.fleet.controller import deployment_window
+    from controller.fleet.observe import ReplicaObservation
+
+    def capped(queue: float) -> Observation:
+        return dataclasses.replace(
+            _obs(300.0, 48.0), queue_reqs=queue, max_running_reqs=48.0, running_reqs=48.0
+        )
+
+    both = {r: ReplicaObservation(r, "p", capped(48.0)) for r in ("r0", "r1")}
+    w = deployment_window(both, "p")
+    assert w is not None and (w.queue_reqs, w.max_running_reqs) == (48.0, 48.0)
+    one = {
+        "r0": ReplicaObservation("r0", "p", capped(144.0)),
+        "r1": ReplicaObservation("r1", None, None, "profile unknown (down or starting)"),
+    }
+    w = deployment_window(one, "p")
+    assert w is not None and w.queue_reqs is None and w.running_reqs == 48.0
