@@ -9,7 +9,7 @@ import pytest
 
 from controller.bench.harness import replay
 from controller.bench.peers import Greedy, Static
-from controller.bench.scenario import bench_profile, scenario_from_dict
+from controller.bench.scenario import Scenario, bench_profile, scenario_from_dict
 from policies.types import Action, Decision, Observation, ProfileSpec, Reason
 from simulator.engine import StepEngine, drive_closed_loop
 from tests.bench.conftest import make_scenario
@@ -175,6 +175,21 @@ def test_a_baseline_that_runs_the_whole_load_past_the_speculative_cap_is_found()
     assert rep.tokens > 0.98 * base
 
 
+def _uncapped_cycle(phases: list[tuple[int, int]]) -> Scenario:
+    """The shipped concurrency-cycle's day (strong drafter, chat and code) in the given
+    (seconds, streams) phases, with no max running requests set (SGLang's 48 with speculation)."""
+    mix = {"chat": 0.7, "code": 0.3}
+    return scenario_from_dict(
+        {
+            "name": "t",
+            "profile": "kimi-k2.5-pcie-tuned",
+            "seed": 14,
+            "initial_profile": "baseline",
+            "phases": [{"duration_s": d, "concurrency": c, "workloads": mix} for d, c in phases],
+        }
+    )
+
+
 def test_a_profile_that_would_run_a_batch_nobody_served_is_weighed_for_exploration() -> None:
     """stress a6, shortened: an hour of one stream (5-step explored and kept), then 96 streams
     with no cap set. The chains run 48 of them, baseline would run all 96: a batch size no
@@ -183,19 +198,7 @@ def test_a_profile_that_would_run_a_batch_nobody_served_is_weighed_for_explorati
     serves about 8% more than 2-step (before, 2-step was explored and kept)."""
     from controller.bench.peers import Specpilot
 
-    mix = {"chat": 0.7, "code": 0.3}
-    sc = scenario_from_dict(
-        {
-            "name": "t",
-            "profile": "kimi-k2.5-pcie-tuned",
-            "seed": 14,
-            "initial_profile": "baseline",
-            "phases": [
-                {"duration_s": 3600, "concurrency": 1, "workloads": mix},
-                {"duration_s": 10800, "concurrency": 96, "workloads": mix},
-            ],
-        }
-    )
+    sc = _uncapped_cycle([(3600, 1), (10800, 96)])
     rep = replay(sc, Specpilot())
     later = [(s.to_profile, s.reason) for s in rep.switches if s.t_s > 3600.0]
     assert later == [("baseline", "explore")]
@@ -210,20 +213,7 @@ def test_a_batch_size_served_once_is_not_new_again_when_its_data_fades() -> None
     weigh baseline as untried there (before, it explored baseline and left for 5-step)."""
     from controller.bench.peers import SpecpilotHybrid
 
-    mix = {"chat": 0.7, "code": 0.3}
-    sc = scenario_from_dict(
-        {
-            "name": "t",
-            "profile": "kimi-k2.5-pcie-tuned",
-            "seed": 14,
-            "initial_profile": "baseline",
-            "phases": [
-                {"duration_s": 10800, "concurrency": 1, "workloads": mix},
-                {"duration_s": 10800, "concurrency": 64, "workloads": mix},
-                {"duration_s": 10800, "concurrency": 1, "workloads": mix},
-            ],
-        }
-    )
+    sc = _uncapped_cycle([(10800, 1), (10800, 64), (10800, 1)])
     rep = replay(sc, SpecpilotHybrid(None, sc.sim_profile()))
     assert ("baseline", "explore") in [(s.to_profile, s.reason) for s in rep.switches]
     assert [s for s in rep.switches if s.t_s > 21600.0] == []
