@@ -1094,7 +1094,12 @@ def decide(
     if state.rollback_to is not None:
         target = state.rollback_to
         if obs is not None and obs.profile == target:
-            state.rollback_to = None  # the shell already restored it
+            # The shell already restored it: a new boot of it, inside its dwell like any other
+            # (the restart that failed and this one both just happened).
+            state.rollback_to = None
+            _adopt(state, target, now_s, s, learned_restart_s=None)
+            diag["restored_by_shell"] = target
+            return _hold(now_s, state, Reason.HOLD_COOLDOWN, diag)
         else:
             state.rollback_to = None
             diag["failed_profile"] = state.pending["target"] if state.pending else None

@@ -179,6 +179,25 @@ def test_failed_start_rolls_back_to_the_last_good_profile() -> None:
     assert all(d.profile != "eagle5" for d in dr.switches()[2:])
 
 
+def test_a_start_the_shell_already_rolled_back_is_a_new_boot_inside_its_dwell(warm_state) -> None:  # type: ignore[no-untyped-def]
+    """A switch to baseline fails to start and the shell brings eagle5 back itself: the next
+    window comes from eagle5. That is a boot of eagle5 (the failed restart and this one both
+    just happened), not a licence to switch again at once: the policy holds in its dwell
+    (found by test_invariants: it switched to another profile on the next tick)."""
+    state = PolicyState.from_dict(warm_state)
+    t = T + 10.0
+    state, d = decide(state, obs_for(state, t), t, S, Overrides(pin_profile="baseline"))
+    assert (d.action, d.profile) == (Action.SWITCH, "baseline")
+    t += 60.0
+    state = on_switch_done(state, "baseline", False, 60.0, t)
+    assert state.rollback_to == "eagle5"
+    t += 10.0
+    state, d = decide(state, obs_for(state, t), t, S, Overrides())
+    assert (d.action, d.reason) == (Action.HOLD, Reason.HOLD_COOLDOWN)
+    assert state.rollback_to is None and state.last_switch_s == t
+    assert d.diagnostics["restored_by_shell"] == "eagle5"
+
+
 def test_trial_failure_rolls_back() -> None:
     # eagle5 was measured great, then the policy moved to baseline (pinned); eagle5's
     # acceptance has since collapsed, but its old estimate says it is far better.
