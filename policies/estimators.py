@@ -3,9 +3,10 @@
 Owns every number the policy believes about a profile: how long one decode cycle takes at batch
 size B (per profile, and one shared surface in (B, n) that predicts profiles never run), how many
 tokens a verify step yields per workload (observed, or predicted across profiles by chain
-truncation / the tail model), the current workload mix and concurrency, and the resulting tok/s
-prediction with an interval. All state is exponentially forgotten sufficient statistics updated
-in O(1) per window (no refits from raw history), serialisable with to_dict/from_dict.
+truncation / the tail model), the current workload mix and concurrency (the batch served and
+the load offered, which each profile runs up to its cap on running requests), and the resulting
+tok/s prediction with an interval. All state is exponentially forgotten sufficient statistics
+updated in O(1) per window (no refits from raw history), serialisable with to_dict/from_dict.
 
 Honesty rules: `estimate()` returns None below a minimum of data; every estimate carries a ~90%
 interval; windows that are physically impossible (negative times, batch < 1, accept length
