@@ -365,7 +365,7 @@ def profile_spec(
             raise ValueError("--speculative-* flags given without --speculative-algorithm")
         if profile.kind == "adaptive":
             raise ValueError("kind = 'adaptive' needs --speculative-algorithm EAGLE or EAGLE3")
-        return ProfileSpec(name=name, max_running_requests=cap)
+        return ProfileSpec(name=name, max_running_requests=max_running_requests(cap, False))
     algo = algo.upper()
     if algo not in SPEC_ALGORITHMS:
         raise ValueError(
@@ -421,9 +421,16 @@ def profile_spec(
         algorithm=algo,
         adaptive=adaptive,
         candidate_steps=candidates,
-        # SGLang forces 48 running requests with speculation when the flag is unset.
-        max_running_requests=sg.SPEC_DEFAULT_MAX_RUNNING_REQUESTS if cap is None else cap,
+        max_running_requests=max_running_requests(cap, True),
     )
+
+
+def max_running_requests(flag: int | None, speculative: bool) -> int | None:
+    """The most requests SGLang runs at once: `--max-running-requests` when set, else 48 with
+    speculation (SGLang forces it), else None (the server picks it from its KV pool)."""
+    if flag is None and speculative:
+        return sg.SPEC_DEFAULT_MAX_RUNNING_REQUESTS
+    return flag
 
 
 def _max_running(vals: Mapping[str, str | None]) -> int | None:

@@ -77,7 +77,6 @@ from policies.changepoint import (
     drift_finding,
 )
 from policies.estimators import (
-    Concurrency,
     ThroughputModel,
     batch_bucket,
     comparable_step_s,
@@ -764,8 +763,8 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
     if obs.counter_reset:
         return "reset"
     sig = state.model.observe(obs)
-    if (b := Concurrency.window_batch(obs)) is not None:
-        k = batch_bucket(b)
+    if sig.batch is not None:
+        k = batch_bucket(sig.batch)
         state.served_top[obs.profile] = max(k, state.served_top.get(obs.profile, k))
     # A running adaptive profile's own windows correct its table-based prediction.
     hybrid_decide.observe_self(state, obs, s)
@@ -1218,23 +1217,29 @@ def _decode_rate(obs: Observation) -> float | None:
     return m.sum_generated / m.sum_step_s if m.sum_generated >= 0 else None
 
 
+def _decode_batch(obs: Observation) -> float | None:
+    """A window's mean batch over its decode steps (None without decode moments)."""
+    m = obs.moments
+    if m is None or m.n_steps <= 0:
+        return None
+    return m.sum_bs / m.n_steps
+
+
 def _ramping(obs: Observation, batch: float | None) -> bool:
     """Whether a window's mean batch is below the half-octave bucket of `batch` (a trial's
     prediction batch): the server is still filling up after its restart."""
-    m = obs.moments
-    if batch is None or m is None or m.n_steps <= 0:
-        return False
-    return m.sum_bs / m.n_steps < batch / math.sqrt(2.0)
+    b = _decode_batch(obs)
+    return batch is not None and b is not None and b < batch / math.sqrt(2.0)
 
 
 def _batch_shortfall(obs: Observation, batch: float | None) -> float:
     """How many times smaller a window's mean batch is than `batch` (a trial's prediction
     batch), at least 1: a step takes no less time for more sequences, so the window's decode
     rate times this bounds the rate at `batch` from above."""
-    m = obs.moments
-    if batch is None or m is None or m.n_steps <= 0 or not m.sum_bs > 0:
+    b = _decode_batch(obs)
+    if batch is None or b is None or not b > 0:
         return 1.0
-    return max(1.0, batch * m.n_steps / m.sum_bs)
+    return max(1.0, batch / b)
 
 
 def _trial_step(
@@ -1438,6 +1443,8 @@ def _exploration(
     def before(t: float | None, change: float | None) -> bool:
         return change is not None and (t is None or t < change)
 
+    top = max(state.served_top.values(), default=None)
+
     def unknown(name: str) -> bool:
         if name == state.running or name in blocked:
             return False
@@ -1450,10 +1457,11 @@ def _exploration(
         # MoE's saturating cost made 5-step's guess pessimistic, and the adaptive profile ran
         # at 0.9 of it all day). Worth weighing as untried. Tried ever, not data kept: a batch
         # size whose data faded is not new again.
+        b = state.model.batch_for(name)
         if (
             specs[state.running].adaptive
             and not specs[name].adaptive
-            and (b := state.model.batch_for(name)) is not None
+            and b is not None
             and state.model.cycle.support(name, b) == "extrapolated"
             and batch_bucket(b) > state.served_top.get(name, -1)
         ):
@@ -1462,12 +1470,7 @@ def _exploration(
         # (the load queued behind the running profile's cap: a higher cap runs it): no forward
         # served bounds its price there, a guess until it runs (stress a6: baseline, run at one
         # stream only, would run 96 where the chains run 48).
-        bq = state.model.batch_for(name)
-        if (
-            bq is not None
-            and state.served_top
-            and batch_bucket(bq) > max(state.served_top.values())
-        ):
+        if b is not None and top is not None and batch_bucket(b) > top:
             return True
         # A chain whose acceptance for the mix served now is unknown: a workload in it that no
         # chain of this drafter has served (`unseen`: its accept length anywhere in [1, n + 1]).

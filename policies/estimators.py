@@ -1675,9 +1675,9 @@ class Concurrency(_RecentWindows):
             return batch
         return batch + q if batch >= cap - max(1.0, 0.05 * cap) else batch
 
-    def update(self, obs: Observation, cap: float | None = None) -> float | None:
+    def update(self, obs: Observation, cap: float | None = None) -> tuple[float, float] | None:
         """Absorb a window (`cap`: the running profile's max running requests, None where
-        unknown). Returns the load it offered (None without a batch size)."""
+        unknown). Returns its (batch, load offered), None without a batch size."""
         b = self.window_batch(obs)
         if b is None:
             return None
@@ -1685,7 +1685,7 @@ class Concurrency(_RecentWindows):
         self._absorb(obs.window_s, b, load)
         self.last_t_s = obs.t_s
         self._remember(obs.t_s, obs.window_s, b, load)
-        return load
+        return b, load
 
     def _absorb(self, window_s: float, b: float, load: float) -> None:
         lam = decay(window_s, self.half_life_s)
@@ -1838,6 +1838,7 @@ class WorkloadMix(_RecentWindows):
 class WindowSignals:
     """What one window says, for change detection (None where unknown)."""
 
+    batch: float | None  # the batch the running profile served
     load: float | None  # the load offered (the batch, plus requests queued behind a binding cap)
     accept_length: float | None
     cycle_ratio: float | None  # window step time / prediction before it at the window's B
@@ -1904,7 +1905,7 @@ class ThroughputModel:
         m = obs.max_running_reqs
         if m is not None and 1.0 <= m < math.inf:
             self.caps[obs.profile] = float(m)
-        load = self.concurrency.update(obs, self.cap(obs.profile))
+        batch, load = self.concurrency.update(obs, self.cap(obs.profile)) or (None, None)
         self.mix.update(obs)
         ratio = step_s = None
         if obs.moments is not None:
@@ -1917,7 +1918,7 @@ class ThroughputModel:
             lam = decay(obs.window_s, self.observed_half_life_s)
             w, wt = self.observed.get(obs.profile, (0.0, 0.0))
             self.observed[obs.profile] = (w * lam + 1.0, wt * lam + tok)
-        return WindowSignals(load, L, ratio, step_s, tok)
+        return WindowSignals(batch, load, L, ratio, step_s, tok)
 
     def observed_tok_s(self, profile: str) -> float | None:
         w, wt = self.observed.get(profile, (0.0, 0.0))
@@ -2006,12 +2007,12 @@ class ThroughputModel:
         """tok/s of `profile` at `batch` (default: the batch it would serve under the load offered
         now, `batch_for`) and `mix` (default: the mix now). Parts whose newest data predates
         `fresh_since_s` (a change point) have their interval widened by `stale_widen`.
-        `cycle_moves` (time, ratio): detected changes of the
-        step time of profiles of this one's kind (verify or decode forwards); a cycle estimate
-        from own data older than some of them has most likely moved as far as their product
-        (a change of system state moves every forward of a kind: FIELD.md's reboot moved the
-        verify 1.5x and the decode 1.08x), so it is centred there; the move may also have been
-        the other profile's alone, so its interval reaches back to the old level."""
+        `cycle_moves` (time, ratio): detected changes of the step time of profiles of this one's
+        kind (verify or decode forwards); a cycle estimate from own data older than some of them
+        has most likely moved as far as their product (a change of system state moves every
+        forward of a kind: FIELD.md's reboot moved the verify 1.5x and the decode 1.08x), so it
+        is centred there; the move may also have been the other profile's alone, so its interval
+        reaches back to the old level."""
         if profile not in self.specs:
             raise KeyError(f"unknown profile {profile!r}")
         spec = self.specs[profile]

@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from controller import sglang_names as sg
 from controller.bench.scenario import ADAPTIVE_PROFILE, HYBRID_PROFILE, bench_profile
 from policies.types import (
     Action,
@@ -331,7 +332,11 @@ class SpecpilotHybrid(Specpilot):
     ) -> None:
         # The server's max running requests pads batch sizes and bounds the table's buckets
         # (SGLang forces 48 with speculation when the flags do not set it).
-        mrr = max_running_requests if max_running_requests is not None else 48
+        mrr = (
+            max_running_requests
+            if max_running_requests is not None
+            else sg.SPEC_DEFAULT_MAX_RUNNING_REQUESTS
+        )
         self.max_running_requests = mrr
         super().__init__(user_settings(sim, hybrid_max_running_requests=mrr))
 

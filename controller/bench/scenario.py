@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from controller import sglang_names as sg
+from controller.settings import max_running_requests
 from policies.types import ProfileSpec
 from simulator.model import (
     CostScale,
@@ -285,13 +285,10 @@ class Scenario:
         """The candidates plus the adaptive peer's and the hybrid peer's profiles, by name, each
         with the max running requests the daemon reads off the same flags (`profile_spec`): the
         scenario's `max_running_requests`, else SGLang's 48 with speculation, else none known."""
-        names = [*self.profiles, ADAPTIVE_PROFILE, HYBRID_PROFILE]
         out = {}
-        for n in dict.fromkeys(names):
+        for n in dict.fromkeys([*self.profiles, ADAPTIVE_PROFILE, HYBRID_PROFILE]):
             bp = bench_profile(n)
-            cap = self.max_running_requests
-            if cap is None and bp.spec.speculative:
-                cap = sg.SPEC_DEFAULT_MAX_RUNNING_REQUESTS
+            cap = max_running_requests(self.max_running_requests, bp.spec.speculative)
             out[n] = replace(bp, spec=replace(bp.spec, max_running_requests=cap))
         return out
 
