@@ -809,6 +809,20 @@ def on_canary_started(state: PolicyState, profile: str) -> PolicyState:
     return state
 
 
+def on_canary_rejected(state: PolicyState, profile: str, now_s: float) -> PolicyState:
+    """A fleet rolled its canary of `profile` back: the profile is backed off as a failed start
+    is, and a pending switch to it is over. Nothing is rolled back: the deployment kept running
+    its profile, which did not restart (a failed start's rollback would take the next window of
+    it for a new boot). Updates `state` in place and returns it."""
+    if profile not in state.specs:
+        raise ValueError(f"unknown profile {profile!r}")
+    if state.pending is not None and state.pending["target"] == profile:
+        state.pending = None
+    state.failed[profile] = float(now_s)
+    state.trial = None
+    return state
+
+
 def observe_canary(state: PolicyState, obs: Observation) -> bool:
     """One window of a canary replica (a profile served beside the running one, on the same
     traffic): evidence for that profile's cycle time and acceptance, as if it had run there, so

@@ -277,6 +277,7 @@ def fleet_replay(
     # Optional hooks of a policy that learns from a canary's windows (as FleetController).
     canary_started = getattr(policy, "canary_started", None)
     canary_window = getattr(policy, "canary_window", None)
+    canary_rejected = getattr(policy, "canary_rejected", None)
 
     def record(action: Action, target: str, reason: Reason) -> None:
         out.ticks.append(Tick(t, running, last_tok_s, action, target, reason))
@@ -295,8 +296,12 @@ def fleet_replay(
                     up, _ = fleet.roll(t, [canary_index], cur)
                     fleet.forget([canary_index])
                     rejected[cand] = t
-                    # As FleetController: the policy backs the candidate off like a failed start.
-                    policy.switch_done(cand, False, 0.0, up)
+                    # As FleetController: the policy backs the candidate off like a failed start
+                    # (a policy without the hook is told of one).
+                    if canary_rejected is not None:
+                        canary_rejected(cand, up)
+                    else:
+                        policy.switch_done(cand, False, 0.0, up)
                     out.switches.append(SwitchEvent(started, up, cur, cand, CANARY_ROLLED_BACK))
                     out.canaries.append(
                         CanaryOutcome(cand, cur, started, up, "rolled_back", v.summary())

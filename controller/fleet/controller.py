@@ -309,7 +309,7 @@ class FleetController:
         assert self.state is not None and self.running is not None
         self.rejected[target] = now
         # The policy backs the candidate off as it does a failed start (never a switch of its own).
-        self.state = policy.on_switch_done(self.state, target, False, 0.0, self.clock.now())
+        self.state = policy.on_canary_rejected(self.state, target, self.clock.now())
         self.record.canaries.append(CanaryRecord(target, self.running, v, outcome, now))
 
     async def _canary_step(

@@ -579,3 +579,26 @@ def test_a_step_time_change_that_comes_with_the_traffic_is_not_a_system_change(
     else:
         assert st.last_cycle_change_s == t - 10.0 and drift and st.cycle_moves
         assert st.model.cycle.stats[p].s0 < before
+
+
+def test_a_rejected_canary_backs_the_candidate_off_and_rolls_nothing_back(warm_state) -> None:  # type: ignore[no-untyped-def]
+    """A fleet's canary of baseline is rolled back while the deployment keeps serving eagle5:
+    baseline is backed off and the pending switch is over, but eagle5 never restarted, so its
+    next window is no new boot (a failed start's rollback would adopt it as one: its estimates
+    discounted and its dwell started again)."""
+    from policies.decide import on_canary_rejected
+
+    state = PolicyState.from_dict(warm_state)
+    t = T + 10.0
+    state, d = decide(state, obs_for(state, t), t, S, Overrides(pin_profile="baseline"))
+    assert (d.action, d.profile) == (Action.SWITCH, "baseline")
+    last_switch = state.last_switch_s
+    t += 60.0
+    state = on_canary_rejected(state, "baseline", t)
+    assert state.pending is None and state.rollback_to is None and "baseline" in state.failed
+    t += 10.0
+    state, d = decide(state, obs_for(state, t), t, S, Overrides())
+    assert "restored_by_shell" not in d.diagnostics
+    assert state.last_switch_s == last_switch and state.running == "eagle5"
+    with pytest.raises(ValueError, match="unknown profile"):
+        on_canary_rejected(state, "nope", t)
