@@ -1,7 +1,7 @@
 """Canary statistics: is the candidate profile better than the current one, on the same traffic?
 
 Owns the pure side of a fleet canary: the traffic-normalised measure of one replica-window
-(output tokens per running-request-second), the pooling of the control replicas of one window
+(output tokens per request-second in the server), the pooling of the control replicas of one window
 into one traffic-weighted value, and the verdict (continue, promote, roll back) from a proper
 test in scipy. Pure: numpy/scipy only; time comes in with the windows. Must not fetch, sleep or
 decide which profile is a candidate (the policy does; this only judges a running canary).
@@ -10,9 +10,16 @@ Why not raw tok/s: behind a router each replica serves whatever share of the tra
 sends it. A replica that gets twice the requests shows about twice the tok/s whatever its
 profile, and with round-robin and closed-loop clients every replica shows the same tok/s even
 when one is much faster (throughput = arrival rate x tokens per request). What the profile
-changes is how fast a request in flight is served: tokens per running-request-second (by
-Little's law the inverse of the time per output token of a request in flight). A better profile
-serves the same arrivals with fewer requests in flight and more tokens per request-second.
+changes is how fast a request in the server is served: tokens per request-second in the server
+(by Little's law the inverse of a request's time per output token). A better profile serves the
+same arrivals with fewer requests in the server and more tokens per request-second.
+
+In the server = decoding or waiting in its queue. A profile whose --max-running-requests caps
+its batch below the load (SGLang forces 48 with speculation) keeps the rest waiting, and their
+wait is time per output token as much as a decode step is: counting only the running requests
+would credit the capped profile with the speed of the few it lets run (a baseline canary that
+ran all 96 requests of its replica at 1.43x the control's tok/s was rolled back as 0.82x per
+running request, while the control held 48 of its 96 in the queue).
 
 The test (``method``):
 - ``paired`` (default): per window, log(canary) - log(control), where control pools the control
@@ -54,7 +61,9 @@ class ArmWindow:
     """One replica over one poll window of a canary. `request_seconds`: the integral of requests
     in flight over the time they were being decoded (SGLang's decode moments give it exactly:
     the sum over decode steps of batch size x step time); `running_reqs`: their mean number
-    while decoding; `requests`: requests finished in the window (None when not reported)."""
+    while decoding; `requests`: requests finished in the window (None when not reported);
+    `queued_seconds`: the integral of requests waiting in the server's queue over the same
+    seconds (num_queue_reqs at the scrape x the decode time `request_seconds` covers)."""
 
     arm: str  # ARM_CANARY | ARM_CONTROL
     replica: str
@@ -64,15 +73,22 @@ class ArmWindow:
     request_seconds: float
     running_reqs: float
     requests: float | None = None
+    queued_seconds: float = 0.0
 
     @property
     def output_tok_s(self) -> float:
         return self.output_tokens / self.window_s if self.window_s > 0 else 0.0
 
+    @property
+    def server_seconds(self) -> float:
+        """Request-seconds in the server: decoding, plus waiting in the queue."""
+        return self.request_seconds + max(self.queued_seconds, 0.0)
+
 
 def per_request_tok_s(w: ArmWindow) -> float | None:
-    """Output tokens per running-request-second; None when the window carried no traffic."""
-    rs = w.request_seconds
+    """Output tokens per request-second in the server (decoding or queued); None when the
+    window carried no traffic."""
+    rs = w.server_seconds
     if not (rs > 0 and w.output_tokens > 0) or not math.isfinite(rs + w.output_tokens):
         return None
     return w.output_tokens / rs
@@ -114,7 +130,7 @@ class CanaryTestSettings:
 class CanaryVerdict:
     verdict: Verdict
     why: str  # insufficient_windows | better | worse | no_gain | inconclusive
-    ratio: float | None  # canary / control, tokens per running-request-second
+    ratio: float | None  # canary / control, tokens per request-second in the server
     ci_low: float | None
     ci_high: float | None
     p_value: float | None
@@ -165,8 +181,8 @@ def judgeable(
 
 def pooled_control(windows: Sequence[ArmWindow]) -> float | None:
     """Traffic-weighted per-request rate of several control replicas over one window: total
-    tokens over total running-request-seconds (a replica with more traffic weighs more)."""
-    rs = sum(w.request_seconds for w in windows)
+    tokens over total request-seconds in the server (a replica with more traffic weighs more)."""
+    rs = sum(w.server_seconds for w in windows)
     tok = sum(w.output_tokens for w in windows)
     return tok / rs if rs > 0 and tok > 0 else None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -194,17 +195,21 @@ def arm_window(replica: str, arm: str, o: Observation) -> ArmWindow | None:
     With decode moments: tokens generated in decode steps over the request-seconds of those
     steps (sum of batch x step time), so time a replica sits idle between requests (a faster
     one idles more under closed-loop clients) does not count against it. Without them: output
-    tokens over the end-of-window running gauge x window length."""
+    tokens over the end-of-window running gauge x window length. Requests waiting in the queue
+    (those a capped batch keeps out) are in the server too: the queue gauge over the same
+    seconds."""
     if o.counter_reset:
         return None
     m = o.moments
     if m is not None and m.sum_bs_step_s > 0 and m.sum_generated > 0:
-        tok, req_s = m.sum_generated, m.sum_bs_step_s
+        tok, req_s, decode_s = m.sum_generated, m.sum_bs_step_s, m.sum_step_s
     else:
         out, running = output_tokens(o), o.running_reqs
         if out is None or running is None:
             return None
-        tok, req_s = out, running * o.window_s
+        tok, req_s, decode_s = out, running * o.window_s, o.window_s
+    q = o.queue_reqs
+    queued = q if q is not None and math.isfinite(q) and q > 0 else 0.0
     running_mean = mean_running(o)
     return ArmWindow(
         arm=arm,
@@ -215,6 +220,7 @@ def arm_window(replica: str, arm: str, o: Observation) -> ArmWindow | None:
         request_seconds=req_s,
         running_reqs=running_mean if running_mean is not None else 0.0,
         requests=finished_requests(o),
+        queued_seconds=queued * decode_s,
     )
 
 

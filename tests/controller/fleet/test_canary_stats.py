@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -180,6 +181,45 @@ def test_arm_window_uses_decode_request_seconds() -> None:
     # 1800 tokens over sum(batch x step time) = 9 s x 4 requests
     assert w.output_tokens / w.request_seconds == pytest.approx(50.0)
     assert w.running_reqs == pytest.approx(4.0)
+
+
+def test_arm_window_counts_the_queue_over_the_decode_seconds() -> None:
+    """Requests a capped batch keeps waiting are in the server: the queue gauge over the seconds
+    the decode integral covers (the moments' step time, else the window)."""
+    w = arm_window("r", ARM_CONTROL, replace(_obs(1800.0, 4.0), queue_reqs=4.0))
+    assert w is not None
+    assert w.queued_seconds == pytest.approx(4.0 * 9.0)  # 4 waiting through 9 s of steps
+    assert w.output_tokens / w.server_seconds == pytest.approx(25.0)
+    plain = replace(_obs(1800.0, 4.0), moments=None, queue_reqs=2.0)
+    v = arm_window("r", ARM_CONTROL, plain)
+    assert v is not None and v.queued_seconds == pytest.approx(2.0 * 10.0)
+    for bad in (None, -1.0, math.nan):
+        u = arm_window("r", ARM_CONTROL, replace(_obs(1800.0, 4.0), queue_reqs=bad))
+        assert u is not None and u.queued_seconds == 0.0
+
+
+def test_a_capped_control_is_judged_with_its_queue() -> None:
+    """A baseline canary runs all 96 requests of its replica (no cap) at 1.4x the control's
+    tok/s; the control (speculation, SGLang's cap of 48) runs 48 and queues 48. Per running
+    request the canary is slower (a larger batch); per request in the server it is faster,
+    which is what the same arrivals see. Counting only running requests rolled it back."""
+    out: list[ArmWindow] = []
+    rng = np.random.default_rng(3)
+    for i in range(8):
+        t = 10.0 * (i + 1)
+        for arm, name, tok_s, running, queued in [
+            (ARM_CANARY, "c", 1000.0, 96.0, 0.0),
+            (ARM_CONTROL, "k0", 700.0, 48.0, 48.0),
+            (ARM_CONTROL, "k1", 700.0, 48.0, 48.0),
+        ]:
+            tok = tok_s * 10.0 * float(np.exp(rng.normal(0.0, 0.02)))
+            out.append(
+                ArmWindow(arm, name, t, 10.0, tok, running * 10.0, running, None, queued * 10.0)
+            )
+    v = assess(out, S)
+    assert v.verdict is Verdict.PROMOTE and v.ratio == pytest.approx(1000 / 700, rel=0.03)
+    running_only = [replace(w, queued_seconds=0.0) for w in out]
+    assert assess(running_only, S).verdict is Verdict.ROLLBACK
 
 
 def test_the_deployment_window_leaves_out_replicas_that_served_nothing() -> None:
