@@ -138,16 +138,21 @@ class Row:
     wall_s: float
 
     def to_json(self) -> dict[str, Any]:
-        """The --json object: exactly JSON_KEYS."""
+        """The --json object: exactly JSON_KEYS. A ratio over no tokens (a scenario without
+        traffic) is null: JSON has no NaN."""
         return {
             "scenario": self.scenario,
             "policy": self.policy,
             "tokens": self.tokens,
-            "ratio_oracle_dp": self.ratio_oracle_dp,
-            "ratio_best_static": self.ratio_best_static,
+            "ratio_oracle_dp": _finite_or_none(self.ratio_oracle_dp),
+            "ratio_best_static": _finite_or_none(self.ratio_best_static),
             "switches": self.switches,
             "false_switches": self.false_switches,
         }
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def make_row(

@@ -79,6 +79,12 @@ def target_checks(res: ScenarioResult) -> list[tuple[bool, str]]:
     if sp is None:
         return []
     out: list[tuple[bool, str]] = []
+    if not (math.isfinite(sp.ratio_oracle_dp) and math.isfinite(sp.ratio_best_static)):
+        # No profile serves a token (no traffic all scenario): no ratio is defined, and no
+        # ratio target can be missed; a switch is still one too many.
+        out.append((True, "no ratio targets: no profile served a token (no traffic)"))
+        out.append((sp.false_switches == 0, f"false switches {sp.false_switches} == 0"))
+        return out
     out.append(
         (
             sp.ratio_oracle_dp >= TARGET_ORACLE_DP,
@@ -169,7 +175,7 @@ def json_rows(results: Sequence[ScenarioResult]) -> list[dict[str, object]]:
 
 def write_json(results: Sequence[ScenarioResult], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(json_rows(results), indent=2) + "\n")
+    path.write_text(json.dumps(json_rows(results), indent=2, allow_nan=False) + "\n")
 
 
 # --------------------------------------------------------------------------------------------

@@ -170,3 +170,23 @@ def test_the_replay_budget_names_every_replay_over_it() -> None:
     assert ok and text == "replay <= 10 s per 24 h: slowest specpilot 4.00 s"
     ok, text = replay_budget({"a": 6.0, "b": 5.5, "c": 1.0}, half_day)
     assert not ok and text == "replay <= 10 s per 24 h: over it a 12.00 s, b 11.00 s"
+
+
+def test_a_scenario_without_traffic_has_null_ratios_and_no_ratio_target(tmp_path: Path) -> None:
+    """No profile serves a token all scenario: the ratios are undefined. The JSON says null
+    (strict JSON has no NaN: jq and most parsers refuse it) and --check misses nothing."""
+    sc = tmp_path / "idle.toml"
+    sc.write_text(
+        'name = "idle"\nprofile = "h200-llama8b"\ninitial_profile = "eagle3-2step"\n'
+        "[[phases]]\nduration_s = 1800\nconcurrency = 0\nworkloads = { chat = 1.0 }\n"
+    )
+    out = tmp_path / "idle.json"
+    r = runner.invoke(
+        app, ["--scenario", str(sc), "--json", str(out), "--check", "-p", "specpilot"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "no ratio targets" in r.output and "MISSED" not in r.output
+    rows = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"JSON holds {c}"))
+    sp = next(x for x in rows if x["policy"] == "specpilot")
+    assert sp["tokens"] == 0 and sp["ratio_oracle_dp"] is None and sp["ratio_best_static"] is None
+    assert sp["false_switches"] == 0
