@@ -23,8 +23,8 @@ running request, while the control held 48 of its 96 in the queue).
 
 The test (``method``):
 - ``paired`` (default): per window, log(canary) - log(control), where control pools the control
-  replicas of that same window weighted by their traffic (sum tokens / sum running-request-
-  seconds); one-sample t-test of the differences (scipy.stats.ttest_1samp). Pairing in time
+  replicas of that same window weighted by their traffic (sum tokens / sum request-seconds
+  in the server); one-sample t-test of the differences (scipy.stats.ttest_1samp). Pairing in time
   removes what moves every replica at once (the traffic mix, the load level).
 - ``welch``: Welch's t-test on the log values of canary windows vs control replica-windows
   (scipy.stats.ttest_ind, equal_var=False).
