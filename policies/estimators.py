@@ -848,9 +848,9 @@ class CycleTimeSurface:
         them, the curve it followed (a line, a shared surface's average slope) is disproved
         there, and the estimate becomes the band between the bound and what the profile's own
         nearest points allow (step time never falls with B, time per sequence never rises),
-        centred (nothing measured says where in it); without own points, the bound widened by
-        twice the shared model's resolution. Bounds that contradict each other (a donor's
-        data from before a change) are not used."""
+        centred (nothing measured says where in it); without own points on that side, the bound
+        widened by twice the shared model's resolution. Bounds that contradict each other (a
+        donor's data from before a change) are not used."""
         low, high = self.token_bounds(profile, batch)
         if (low <= 0.0 and math.isinf(high)) or low > high:
             return e
@@ -868,6 +868,10 @@ class CycleTimeSurface:
         f = SURFACE_REL_ERR_FLOOR
         if math.isinf(hi):
             hi = lo * (1.0 + 2.0 * f)
+        elif lo <= 0.0:
+            # Only an upper bound and no own point below: the bound, as the lower one above
+            # (a step takes time: [0, hi] would price the profile at any speed at all).
+            lo = hi / (1.0 + 2.0 * f)
         if lo > hi:
             return e
         return Estimate((lo + hi) / 2.0, lo, hi, e.n)
@@ -2072,7 +2076,7 @@ class ThroughputModel:
             L = _widen(L, stale_widen, floor=1.0)
         mean = b * L.mean / cyc.mean
         low = b * L.low / cyc.high if math.isfinite(cyc.high) else 0.0
-        high = b * L.high / cyc.low
+        high = b * L.high / cyc.low if cyc.low > 0 else math.inf
         tok = Estimate(mean, min(low, mean), max(high, mean), min(L.n, cyc.n))
         src = cyc_src if src_a in ("baseline", "observed") else f"{src_a}+{cyc_src}"
         if stale_a or stale_c:

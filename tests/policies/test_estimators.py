@@ -10,6 +10,7 @@ from policies.chain import expected_accept_length
 from policies.estimators import (
     AGGREGATE,
     MEMO_MAX,
+    SURFACE_REL_ERR_FLOOR,
     AcceptLength,
     Concurrency,
     CycleTimeSurface,
@@ -451,6 +452,26 @@ def test_other_profiles_forwards_bound_a_prediction_in_tokens_per_forward() -> N
     assert own is not None and own.mean == pytest.approx(per_forward(6.0), rel=1e-6)
     base_low, base_high = surf.token_bounds("baseline", 8.0)
     assert base_low == 0.0 and base_high == pytest.approx(per_forward(48.0), rel=1e-3)
+
+
+def test_a_prediction_disproved_by_an_upper_bound_alone_keeps_a_positive_step_time() -> None:
+    """A random scenario's state: 7-step served 4 streams with verify 1.5x dearer, then 8 at
+    the old cost (cheaper per step than at 4: two system states), baseline only 32. 1-step never
+    ran: at 1.2 streams its model estimate lies wholly above 7-step's cycle at 8 (more of both,
+    so an upper bound), and nothing bounds it from below. The estimate is that bound, widened by
+    twice the model's resolution, as for a lower bound alone; [0, bound] made decide divide by
+    a zero step time (the daemon's decide raised ZeroDivisionError)."""
+    e1 = ProfileSpec("eagle1", num_steps=1, draft_tokens=2, algorithm="EAGLE3")
+    e7 = ProfileSpec("eagle7", num_steps=7, draft_tokens=8, algorithm="EAGLE3")
+    surf = CycleTimeSurface([BASE, e1, e7], min_windows=3)
+    _feed_exact(surf, "baseline", lambda b: 0.0373, (32.0,))
+    _feed_exact(surf, "eagle7", lambda b: {4.0: 0.06625, 8.0: 0.05854}[b], (4.0, 8.0))
+    low, high = surf.token_bounds("eagle1", 1.2)
+    assert low == 0.0 and high == pytest.approx(0.05854)
+    e = surf.estimate("eagle1", 1.2)
+    assert e is not None and e.high == pytest.approx(high)
+    assert e.low == pytest.approx(high / (1.0 + 2.0 * SURFACE_REL_ERR_FLOOR))
+    assert e.low <= e.mean <= e.high
 
 
 def test_a_boot_keeps_old_step_times_as_a_few_windows_at_most() -> None:
