@@ -1440,7 +1440,9 @@ def _exploration(
 
     Stale = its data predates the last detected change in acceptance or cycle time (a traffic
     change leaves the estimates valid: the predictions already follow concurrency and mix,
-    except for a workload no chain has served, whose accept length is unknown: `unseen`).
+    except for a workload no chain has served, whose accept length is unknown: `unseen`, or
+    one only shallower chains have served, whose accept length at this depth is the tail
+    model's guess: `deeper_than_served`).
     The value is taken over `horizon` (the caller's conservative expected remaining regime,
     at most `explore_horizon_s`); once weighed at that full value and declined, a candidate is
     not weighed again until its information state changes (regime, last model change,
@@ -1490,6 +1492,12 @@ def _exploration(
         # chain of this drafter has served (`unseen`: its accept length anywhere in [1, n + 1]).
         pq = preds.get(name)
         if specs[name].speculative and pq is not None and pq.unseen:
+            return True
+        # A chain whose acceptance for the mix served now is read off a shallower chain by the
+        # tail model (no chain as deep has served a workload in it): its drafts past the
+        # served depth are the model's guess until it runs (stress a8: a 1-step histogram
+        # priced 6-step on code at 80-7700 tok/s, and 6-step, tried on chat, was never run).
+        if specs[name].speculative and pq is not None and pq.deeper_than_served:
             return True
         return specs[name].speculative and before(
             state.model.accept.last_t_s(name), state.last_accept_change_s

@@ -197,6 +197,13 @@ class ProfilePrediction:
         anywhere in [1, steps + 1] there, which only a run of the chain narrows."""
         return "unseen" in self.source.split("+")
 
+    @property
+    def deeper_than_served(self) -> bool:
+        """Its accept length is, for some workload of the mix, a shallower chain's read deeper
+        by the tail model (no chain as deep has served it): a model's guess past the depth
+        served, which only a run of the chain checks."""
+        return "tail_model" in self.source.split("+")
+
 
 @dataclass(frozen=True)
 class Overrides:

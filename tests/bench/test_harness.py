@@ -218,3 +218,24 @@ def test_a_batch_size_served_once_is_not_new_again_when_its_data_fades() -> None
     assert ("baseline", "explore") in [(s.to_profile, s.reason) for s in rep.switches]
     assert [s for s in rep.switches if s.t_s > 21600.0] == []
     assert rep.profile_at(sc.duration_s - 1.0) == "eagle3-hybrid"
+
+
+def test_a_deeper_chain_read_off_a_shallower_one_is_explored() -> None:
+    """stress a8: 6-step was explored on chat at 2 streams, then 1-step kept for six hours at
+    32. When code (8 streams) follows, only 1-step has served code: 6-step's acceptance for it
+    is the tail model's reading of a 1-step histogram, which says next to nothing of depth 6
+    (the prediction's interval spans 80 to 7700 tok/s). 6-step was tried, so only a rule for
+    such a guess weighs it for exploration; it is explored and kept (57% over 1-step through
+    the rest of the day; before, specpilot left 1-step for baseline and never tried 6-step)."""
+    from pathlib import Path
+
+    from controller.bench.peers import Specpilot
+    from controller.bench.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[2]
+    sc = load_scenario(root / "scenarios" / "stress" / "a8-deep-chain-new-workload.toml")
+    rep = replay(sc, Specpilot())
+    code_starts = 600.0 + 21600.0
+    later = [(s.to_profile, s.reason) for s in rep.switches if s.t_s >= code_starts]
+    assert later == [("eagle3-6step", "explore")]
+    assert rep.profile_at(sc.duration_s - 1.0) == "eagle3-6step"
