@@ -1488,16 +1488,13 @@ def _exploration(
         # stream only, would run 96 where the chains run 48).
         if b is not None and top is not None and batch_bucket(b) > top:
             return True
-        # A chain whose acceptance for the mix served now is unknown: a workload in it that no
-        # chain of this drafter has served (`unseen`: its accept length anywhere in [1, n + 1]).
+        # A chain whose acceptance for the mix served now is a guess until it runs: a workload
+        # in it that no chain of this drafter has served (`unseen`: its accept length anywhere
+        # in [1, n + 1]), or only shallower chains have, read deeper by the tail model
+        # (`deeper_than_served`; stress a8: a 1-step histogram priced 6-step on code at
+        # 80-7700 tok/s, and 6-step, tried on chat, was never run).
         pq = preds.get(name)
-        if specs[name].speculative and pq is not None and pq.unseen:
-            return True
-        # A chain whose acceptance for the mix served now is read off a shallower chain by the
-        # tail model (no chain as deep has served a workload in it): its drafts past the
-        # served depth are the model's guess until it runs (stress a8: a 1-step histogram
-        # priced 6-step on code at 80-7700 tok/s, and 6-step, tried on chat, was never run).
-        if specs[name].speculative and pq is not None and pq.deeper_than_served:
+        if specs[name].speculative and pq is not None and (pq.unseen or pq.deeper_than_served):
             return True
         return specs[name].speculative and before(
             state.model.accept.last_t_s(name), state.last_accept_change_s
