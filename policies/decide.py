@@ -1029,11 +1029,11 @@ def begin_manual_switch(state: PolicyState, target: str, now_s: float) -> Estima
 
 def _decode_predictions(state: PolicyState, stale_widen: float) -> list[ProfilePrediction]:
     """The cycle model's predictions: decode tokens per decode second (B x E[L] / T(B))."""
-    fresh = state.last_model_change_s
     preds = [
         state.model.predict(
             p.name,
-            fresh_since_s=fresh,
+            fresh_since_s=state.last_accept_change_s,
+            cycle_fresh_since_s=state.last_cycle_change_s,
             stale_widen=stale_widen,
             cycle_moves=[(t, r) for t, r, v in state.cycle_moves if bool(v) == p.speculative],
         )

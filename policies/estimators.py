@@ -2007,10 +2007,14 @@ class ThroughputModel:
         fresh_since_s: float | None = None,
         stale_widen: float = 2.0,
         cycle_moves: Sequence[tuple[float, float]] = (),
+        cycle_fresh_since_s: float | None = None,
     ) -> ProfilePrediction:
         """tok/s of `profile` at `batch` (default: the batch it would serve under the load offered
-        now, `batch_for`) and `mix` (default: the mix now). Parts whose newest data predates
-        `fresh_since_s` (a change point) have their interval widened by `stale_widen`.
+        now, `batch_for`) and `mix` (default: the mix now). Acceptance whose newest data
+        predates `fresh_since_s` (the last change point in acceptance) and a cycle time whose
+        own data predates `cycle_fresh_since_s` (the last one in cycle time) have their
+        interval widened by `stale_widen`: a change of one says nothing of the other (a
+        chain's accept length moving leaves the baseline's step time where it was).
         `cycle_moves` (time, ratio): detected changes of the step time of profiles of this one's
         kind (verify or decode forwards); a cycle estimate from own data older than some of them
         has most likely moved as far as their product (a change of system state moves every
@@ -2059,8 +2063,8 @@ class ThroughputModel:
         # A surface prediction's uncertainty is already the model's; staleness widens own data.
         stale_c = (
             cyc_src == "observed"
-            and fresh_since_s is not None
-            and (t_c is None or t_c < fresh_since_s)
+            and cycle_fresh_since_s is not None
+            and (t_c is None or t_c < cycle_fresh_since_s)
         )
         stale_a = (
             spec.speculative and fresh_since_s is not None and (t_a is None or t_a < fresh_since_s)

@@ -312,7 +312,7 @@ def inputs(
     (`corrected`, see observe_self). None without a speculative profile with an accept
     prediction."""
     fixed = _fixed_specs(state, spec)
-    fresh = state.last_model_change_s
+    fresh = state.last_accept_change_s
     model = state.model
 
     def acc(p: str, w: str) -> Estimate | None:
@@ -804,7 +804,8 @@ def _value(
                 name,
                 batch=b,
                 mix=mix,
-                fresh_since_s=state.last_model_change_s,
+                fresh_since_s=state.last_accept_change_s,
+                cycle_fresh_since_s=state.last_cycle_change_s,
                 stale_widen=s.stale_widen,
             )
         if pr is None or pr.tok_s is None or pr.bound:
@@ -1071,7 +1072,11 @@ def _now_prediction(
         pr = predict(state, spec, batch, s)
     else:
         pr = state.model.predict(
-            name, batch=batch, fresh_since_s=state.last_model_change_s, stale_widen=s.stale_widen
+            name,
+            batch=batch,
+            fresh_since_s=state.last_accept_change_s,
+            cycle_fresh_since_s=state.last_cycle_change_s,
+            stale_widen=s.stale_widen,
         )
     return None if pr is None else pr.tok_s
 

@@ -18,7 +18,15 @@ from policies.decide import (
     predictions,
 )
 from policies.overhead import NonDecodeTime, wall_estimate, wall_rate
-from policies.types import Action, DecodeMoments, Estimate, Observation, Overrides, Reason
+from policies.types import (
+    Action,
+    DecodeMoments,
+    Estimate,
+    Observation,
+    Overrides,
+    ProfilePrediction,
+    Reason,
+)
 from tests.policies.driver import SPECS, Driver
 from tests.policies.synth import PROFILES, Synth
 
@@ -400,3 +408,36 @@ def test_a_boot_that_matches_the_last_one_keeps_its_other_batch_sizes(drift: boo
     assert dr.state.model.cycle.support("eagle5", 12.0) == "bucket"
     back = dr.state.model.cycle.support("eagle5", 2.0)
     assert back == ("extrapolated" if drift else "bucket"), back
+
+
+def test_a_change_in_acceptance_leaves_step_times_fresh_and_one_in_cycle_time_acceptance() -> None:
+    """concurrency-cycle: a change point in 2-step's accept length on code (2.67 -> 2.74)
+    widened the baseline's step-time interval at 64 streams from [774, 1272] to [647, 1880]
+    tok/s, as if the step times had moved, and that width bought an exploration of baseline
+    (worse in fact). Acceptance data are stale after a change in acceptance, step times after
+    one in step time, each alone."""
+    from policies.decide import _model_change
+
+    dr = Driver("baseline", seed=28)
+    for name in ("baseline", "eagle2", "eagle5"):
+        dr.run(120, 8, ALPHAS, CODE, Overrides(pin_profile=name))
+    fresh = {p.profile: p for p in predictions(dr.state)}
+    assert not any("stale" in p.source for p in fresh.values())
+
+    def after(what: str) -> dict[str, ProfilePrediction]:
+        st = dr.state.copy()
+        _model_change(st, dr.t + 1.0, what)
+        return {p.profile: p for p in predictions(st)}
+
+    acc = after("accept")
+    assert "stale" not in acc["baseline"].source
+    assert acc["baseline"].tok_s == fresh["baseline"].tok_s
+    for chain in ("eagle2", "eagle5"):
+        assert "stale" in acc[chain].source
+        assert acc[chain].cycle_s == fresh[chain].cycle_s  # its step time is still fresh
+        a, f = acc[chain].tok_s, fresh[chain].tok_s
+        assert a is not None and f is not None and a.high - a.low > f.high - f.low
+    cyc = after("cycle")
+    for name in ("baseline", "eagle2", "eagle5"):
+        assert "stale" in cyc[name].source
+        assert cyc[name].accept_length == fresh[name].accept_length

@@ -119,7 +119,8 @@ def _manual_values(state: PolicyState, s: PolicySettings) -> dict[str, float]:
                 pr = state.model.predict(
                     spec.name,
                     batch=b,
-                    fresh_since_s=state.last_model_change_s,
+                    fresh_since_s=state.last_accept_change_s,
+                    cycle_fresh_since_s=state.last_cycle_change_s,
                     stale_widen=s.stale_widen,
                 )
             assert pr is not None and pr.tok_s is not None, spec.name
