@@ -332,6 +332,8 @@ class PolicyState:
     # The highest half-octave batch bucket each profile has served, ever (not forgotten with
     # the estimates: a batch size served once is not new again when its data fades).
     served_top: dict[str, int] = field(default_factory=dict)
+    # The lowest such bucket each profile has served, ever.
+    served_low: dict[str, int] = field(default_factory=dict)
 
     @property
     def specs(self) -> dict[str, ProfileSpec]:
@@ -376,6 +378,7 @@ class PolicyState:
             "hybrid": self.hybrid.to_dict() if self.hybrid is not None else None,
             "long_run": self.long_run.to_dict(),
             "served_top": dict(self.served_top),
+            "served_low": dict(self.served_low),
         }
 
     @classmethod
@@ -419,6 +422,7 @@ class PolicyState:
             # history inside "hybrid".
             long_run=LongRunState.from_dict(d.get("long_run") or d.get("hybrid") or {}),
             served_top={str(k): int(v) for k, v in d.get("served_top", {}).items()},
+            served_low={str(k): int(v) for k, v in d.get("served_low", {}).items()},
         )
 
 
@@ -766,6 +770,7 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
     if sig.batch is not None:
         k = batch_bucket(sig.batch)
         state.served_top[obs.profile] = max(k, state.served_top.get(obs.profile, k))
+        state.served_low[obs.profile] = min(k, state.served_low.get(obs.profile, k))
     # A running adaptive profile's own windows correct its table-based prediction.
     hybrid_decide.observe_self(state, obs, s)
     state.overhead.update(obs)
@@ -1468,20 +1473,17 @@ def _exploration(
             return True
         if before(state.model.cycle.last_t_s(name), state.last_cycle_change_s):
             return True
-        # An adaptive profile serving a batch size beyond every one a fixed profile was tried
-        # at: its own windows price it there, the fixed one's price is a guess (stress w8:
-        # MoE's saturating cost made 5-step's guess pessimistic, and the adaptive profile ran
-        # at 0.9 of it all day). Worth weighing as untried. Tried ever, not data kept: a batch
-        # size whose data faded is not new again.
+        # A profile tried, but never at a batch size like the one it would serve now: its price
+        # here is its own data's extrapolation, a band only a run narrows (stress w8: MoE's
+        # saturating cost made 5-step's guess at a larger batch pessimistic, and an adaptive
+        # profile ran at 0.9 of it all day; a random MoE day: baseline, run only at 64 streams,
+        # priced at 2 at 44% of its rate). Tried ever, not data kept: a batch size whose data
+        # faded is not new again.
         b = state.model.batch_for(name)
-        if (
-            specs[state.running].adaptive
-            and not specs[name].adaptive
-            and b is not None
-            and state.model.cycle.support(name, b) == "extrapolated"
-            and batch_bucket(b) > state.served_top.get(name, -1)
-        ):
-            return True
+        if b is not None and state.model.cycle.support(name, b) == "extrapolated":
+            k = batch_bucket(b)
+            if k > state.served_top.get(name, k) or k < state.served_low.get(name, k):
+                return True
         # A profile that would run a larger batch under the load now than any profile ever served
         # (the load queued behind the running profile's cap: a higher cap runs it): no forward
         # served bounds its price there, a guess until it runs (stress a6: baseline, run at one

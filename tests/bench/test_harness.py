@@ -239,3 +239,22 @@ def test_a_deeper_chain_read_off_a_shallower_one_is_explored() -> None:
     later = [(s.to_profile, s.reason) for s in rep.switches if s.t_s >= code_starts]
     assert later == [("eagle3-6step", "explore")]
     assert rep.profile_at(sc.duration_s - 1.0) == "eagle3-6step"
+
+
+def test_a_profile_run_only_at_another_batch_size_is_explored_at_this_one() -> None:
+    """stress a8, its six hours at 32 streams (verify 1.45x dearer): baseline ran only at 2
+    streams, and its price at 32, extrapolated from there along the chains' cost slope, is 296
+    tok/s against 662 in fact (1-step serves 438). A price below or above every batch size
+    the profile served is a band only a run narrows: baseline is explored and kept until code
+    begins (before, it was never run again and 1-step served the six hours)."""
+    from pathlib import Path
+
+    from controller.bench.peers import Specpilot
+    from controller.bench.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[2]
+    sc = load_scenario(root / "scenarios" / "stress" / "a8-deep-chain-new-workload.toml")
+    rep = replay(sc, Specpilot())
+    busy = [(s.to_profile, s.reason) for s in rep.switches if 600.0 <= s.t_s < 22200.0]
+    assert ("baseline", "explore") in busy, busy
+    assert rep.profile_at(22200.0 - 1.0) == "baseline"

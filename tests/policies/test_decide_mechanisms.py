@@ -410,6 +410,35 @@ def test_a_boot_that_matches_the_last_one_keeps_its_other_batch_sizes(drift: boo
     assert back == ("extrapolated" if drift else "bucket"), back
 
 
+def test_a_profile_tried_only_far_from_the_batch_served_now_is_weighed_for_exploration() -> None:
+    """Every profile ran at 64 streams only; then the load falls to 2 (a random MoE day:
+    baseline, run at 64 only, was priced at 2 at 44% of its rate, band [6.5, 3527] tok/s, and
+    never run again). A profile's price below (or above) every batch size it has served is its
+    own data's extrapolation: it is weighed for exploration like an untried one. Once it has
+    served such a batch size, that size is not new again, even after its data fade."""
+    WEIGHED = ("explore_net_tokens.", "explore_declined.")
+    dr = Driver("baseline", seed=27)
+    for name in ("baseline", "eagle2", "eagle5"):
+        dr.run(240, 64, ALPHAS, CODE, Overrides(pin_profile=name))
+    assert dr.running == "eagle5" and dr.state.tried >= {"baseline", "eagle2"}
+    assert dr.state.served_low["baseline"] == dr.state.served_top["baseline"]
+    quiet = dr.run(720, 2, ALPHAS, CODE)
+    weighed = {k.split(".", 1)[1] for d in quiet for k in d.diagnostics if k.startswith(WEIGHED)}
+    assert {"baseline", "eagle2"} <= weighed, weighed
+    # Served at 2 now (the explored, at least): not weighed again at 2, whatever the data's age.
+    st = dr.state.copy()
+    served_both = [n for n in ("baseline", "eagle2") if st.served_low[n] < st.served_top[n]]
+    assert served_both, (st.served_low, st.served_top)
+    from policies.decide import _choose
+
+    st.regime_start_s = dr.t - 3600.0
+    st.explore_declined.clear()
+    diag: dict = {}
+    _choose(st, dr.t, S, diag)
+    again = {k.split(".", 1)[1] for k in diag if k.startswith(WEIGHED)}
+    assert not again & set(served_both), diag
+
+
 def test_a_change_in_acceptance_leaves_step_times_fresh_and_one_in_cycle_time_acceptance() -> None:
     """concurrency-cycle: a change point in 2-step's accept length on code (2.67 -> 2.74)
     widened the baseline's step-time interval at 64 streams from [774, 1272] to [647, 1880]

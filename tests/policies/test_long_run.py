@@ -324,10 +324,11 @@ def test_a_rewrite_back_to_the_table_just_replaced_is_a_flap() -> None:
 def test_an_adaptive_profile_serving_beyond_a_fixed_ones_data_makes_it_worth_exploring() -> None:
     """The stress scenario w8 (MoE, 1 -> 32 streams): the adaptive profile served 32 streams,
     where 5-step, tried only at smaller batches, is an extrapolation (on MoE's saturating cost
-    a pessimistic one) that nothing would ever test: a fixed profile tried, but never at a
-    batch size like this one, is weighed for exploration while an adaptive profile runs (its
-    own windows price it there; the fixed one's are a guess)."""
+    a pessimistic one) that nothing would ever test: a profile tried, but never at a batch
+    size like this one, is weighed for exploration (whatever runs). Once it has served that
+    batch size, it is not weighed again for it."""
     from policies.decide import _choose
+    from policies.estimators import batch_bucket
 
     st, syn, t = _hybrid_state(2, seed_table((0, 2, 5)))
     pause = Overrides(paused_until_s=math.inf)
@@ -340,12 +341,12 @@ def test_an_adaptive_profile_serving_beyond_a_fixed_ones_data_makes_it_worth_exp
     diag: dict = {}
     _choose(st, t, S, diag)
     assert "explore_net_tokens.eagle5" in diag or "explore_declined.eagle5" in diag
-    # The same state running a fixed profile explores nothing it has tried.
+    # The same state with 5-step having served 32 streams once (its data since faded).
     st2 = st.copy()
-    st2.running = "eagle2"
+    st2.served_top["eagle5"] = batch_bucket(32.0)
     diag2: dict = {}
     _choose(st2, t, S, diag2)
-    assert not any(k.startswith("explore_net_tokens.eagle5") for k in diag2)
+    assert not any(k.endswith(".eagle5") and k.startswith("explore_") for k in diag2), diag2
 
 
 def test_long_run_state_round_trips_and_old_states_load(flipped: Driver) -> None:
