@@ -25,8 +25,8 @@ async def test_predictions_use_the_configured_stale_widen(tmp_path: Path) -> Non
         await rig.ticks(2)
         assert c.running == "eagle3-2step"
         assert c.state is not None
-        # A change after baseline's last window: its data is stale from here on.
-        c.state.last_model_change_s = rig.clock.now()
+        # A change in step time after baseline's last window: its data is stale from here on.
+        c.state.last_model_change_s = c.state.last_cycle_change_s = rig.clock.now()
         await rig.ticks(3)
         configured = {p.profile: p.tok_s for p in policy.predictions(c.state, 5.0)}
         default = {p.profile: p.tok_s for p in policy.predictions(c.state)}
