@@ -422,7 +422,11 @@ class PolicyState:
             # history inside "hybrid".
             long_run=LongRunState.from_dict(d.get("long_run") or d.get("hybrid") or {}),
             served_top={str(k): int(v) for k, v in d.get("served_top", {}).items()},
-            served_low={str(k): int(v) for k, v in d.get("served_low", {}).items()},
+            # States saved before served_low: the lowest bucket served is unknown, take the
+            # highest (a lower size is then new only where the profile's own data say so too).
+            served_low={
+                str(k): int(v) for k, v in d.get("served_low", d.get("served_top", {})).items()
+            },
         )
 
 

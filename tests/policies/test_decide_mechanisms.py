@@ -275,6 +275,10 @@ def test_new_state_fields_round_trip_and_old_states_load() -> None:
     }
     st = PolicyState.from_dict(old)
     assert st.overhead.per_token_s() is None and st.explore_declined == {}
+    # Saved before served_low: the highest bucket served stands in for the lowest.
+    assert d["served_top"] and d["served_low"]
+    before_low = {k: v for k, v in d.items() if k != "served_low"}
+    assert PolicyState.from_dict(before_low).served_low == d["served_top"]
     assert math.isfinite(np.float64(st.start_s))
 
 
