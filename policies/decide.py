@@ -302,11 +302,13 @@ class PolicyState:
     eval_cache: dict[str, Any] | None = None
     # Non-decode seconds per decode token (prefill, scheduling): predictions over wall time.
     overhead: NonDecodeTime = field(default_factory=NonDecodeTime)
-    # Time of the last detected change in acceptance or cycle time (what makes data stale;
-    # traffic changes in concurrency or mix are regime boundaries but leave estimates valid).
+    # Time of the last detected change in acceptance or cycle time (an exploration weighed
+    # and declined is weighed again after it; traffic changes in concurrency or mix are
+    # regime boundaries but leave estimates valid).
     last_model_change_s: float | None = None
-    # ... of which the last change in acceptance (stale for speculative profiles only: a
-    # baseline's prediction holds no acceptance) and the last in cycle time (stale for all).
+    # ... of which the last change in acceptance (what makes accept lengths stale: speculative
+    # profiles only, a baseline's prediction holds none) and the last in cycle time (what
+    # makes step times stale, every profile's). Each leaves the other kind's data fresh.
     last_accept_change_s: float | None = None
     last_cycle_change_s: float | None = None
     # Detected cycle changes as [time, step time after / before, 1 if the profile running then
