@@ -341,6 +341,27 @@ class PolicyState:
     def specs(self) -> dict[str, ProfileSpec]:
         return {p.name: p for p in self.profiles}
 
+    def model_prediction(
+        self,
+        name: str,
+        stale_widen: float,
+        batch: float | None = None,
+        mix: Mapping[str, float] | None = None,
+        cycle_moves: Sequence[tuple[float, float]] = (),
+    ) -> ProfilePrediction:
+        """The cycle model's prediction of a fixed profile (decode tok/s), its accept lengths
+        stale after the last change in acceptance and its step times after the last one in
+        cycle time (see ThroughputModel.predict)."""
+        return self.model.predict(
+            name,
+            batch=batch,
+            mix=mix,
+            fresh_since_s=self.last_accept_change_s,
+            cycle_fresh_since_s=self.last_cycle_change_s,
+            stale_widen=stale_widen,
+            cycle_moves=cycle_moves,
+        )
+
     def copy(self) -> PolicyState:
         return PolicyState.from_dict(self.to_dict())
 
@@ -1041,11 +1062,9 @@ def begin_manual_switch(state: PolicyState, target: str, now_s: float) -> Estima
 def _decode_predictions(state: PolicyState, stale_widen: float) -> list[ProfilePrediction]:
     """The cycle model's predictions: decode tokens per decode second (B x E[L] / T(B))."""
     preds = [
-        state.model.predict(
+        state.model_prediction(
             p.name,
-            fresh_since_s=state.last_accept_change_s,
-            cycle_fresh_since_s=state.last_cycle_change_s,
-            stale_widen=stale_widen,
+            stale_widen,
             cycle_moves=[(t, r) for t, r, v in state.cycle_moves if bool(v) == p.speculative],
         )
         for p in state.profiles

@@ -800,14 +800,7 @@ def _value(
         if spec.adaptive:
             pr = predict(state, spec, b, s, table, mix, ins)
         else:
-            pr = state.model.predict(
-                name,
-                batch=b,
-                mix=mix,
-                fresh_since_s=state.last_accept_change_s,
-                cycle_fresh_since_s=state.last_cycle_change_s,
-                stale_widen=s.stale_widen,
-            )
+            pr = state.model_prediction(name, s.stale_widen, batch=b, mix=mix)
         if pr is None or pr.tok_s is None or pr.bound:
             return None  # a bound prices nothing: exploration's prior covers it
         wall = wall_estimate(pr.tok_s, per_tok)
@@ -1071,13 +1064,7 @@ def _now_prediction(
     if spec.adaptive:
         pr = predict(state, spec, batch, s)
     else:
-        pr = state.model.predict(
-            name,
-            batch=batch,
-            fresh_since_s=state.last_accept_change_s,
-            cycle_fresh_since_s=state.last_cycle_change_s,
-            stale_widen=s.stale_widen,
-        )
+        pr = state.model_prediction(name, s.stale_widen, batch=batch)
     return None if pr is None else pr.tok_s
 
 

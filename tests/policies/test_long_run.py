@@ -116,13 +116,7 @@ def _manual_values(state: PolicyState, s: PolicySettings) -> dict[str, float]:
             if spec.adaptive:
                 pr = hybrid_decide.predict(state, spec, b, s)
             else:
-                pr = state.model.predict(
-                    spec.name,
-                    batch=b,
-                    fresh_since_s=state.last_accept_change_s,
-                    cycle_fresh_since_s=state.last_cycle_change_s,
-                    stale_widen=s.stale_widen,
-                )
+                pr = state.model_prediction(spec.name, s.stale_widen, batch=b)
             assert pr is not None and pr.tok_s is not None, spec.name
             acc += w * wall_estimate(pr.tok_s, per_tok).mean
         out[spec.name] = acc / tot
