@@ -3,11 +3,12 @@ of the windowed replay with the step-by-step engine."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import pytest
 
-from controller.bench.harness import replay
+from controller.bench.harness import Replay, replay
 from controller.bench.peers import Greedy, Static
 from controller.bench.scenario import Scenario, bench_profile, scenario_from_dict
 from policies.types import Action, Decision, Observation, ProfileSpec, Reason
@@ -220,13 +221,9 @@ def test_a_batch_size_served_once_is_not_new_again_when_its_data_fades() -> None
     assert rep.profile_at(sc.duration_s - 1.0) == "eagle3-hybrid"
 
 
-def test_a_deeper_chain_read_off_a_shallower_one_is_explored() -> None:
-    """stress a8: 6-step was explored on chat at 2 streams, then 1-step kept for six hours at
-    32. When code (8 streams) follows, only 1-step has served code: 6-step's acceptance for it
-    is the tail model's reading of a 1-step histogram, which says next to nothing of depth 6
-    (the prediction's interval spans 80 to 7700 tok/s). 6-step was tried, so only a rule for
-    such a guess weighs it for exploration; it is explored and kept (57% over 1-step through
-    the rest of the day; before, specpilot left 1-step for baseline and never tried 6-step)."""
+@functools.cache
+def _a8() -> tuple[Scenario, Replay]:
+    """stress a8 replayed once with specpilot (two tests read it)."""
     from pathlib import Path
 
     from controller.bench.peers import Specpilot
@@ -234,7 +231,17 @@ def test_a_deeper_chain_read_off_a_shallower_one_is_explored() -> None:
 
     root = Path(__file__).resolve().parents[2]
     sc = load_scenario(root / "scenarios" / "stress" / "a8-deep-chain-new-workload.toml")
-    rep = replay(sc, Specpilot())
+    return sc, replay(sc, Specpilot())
+
+
+def test_a_deeper_chain_read_off_a_shallower_one_is_explored() -> None:
+    """stress a8: 6-step was explored on chat at 2 streams, then 1-step kept for six hours at
+    32. When code (8 streams) follows, only 1-step has served code: 6-step's acceptance for it
+    is the tail model's reading of a 1-step histogram, which says next to nothing of depth 6
+    (the prediction's interval spans 80 to 7700 tok/s). 6-step was tried, so only a rule for
+    such a guess weighs it for exploration; it is explored and kept (57% over 1-step through
+    the rest of the day; before, specpilot left 1-step for baseline and never tried 6-step)."""
+    sc, rep = _a8()
     code_starts = 600.0 + 21600.0
     later = [(s.to_profile, s.reason) for s in rep.switches if s.t_s >= code_starts]
     assert later == [("eagle3-6step", "explore")]
@@ -247,14 +254,7 @@ def test_a_profile_run_only_at_another_batch_size_is_explored_at_this_one() -> N
     tok/s against 662 in fact (1-step serves 438). A price below or above every batch size
     the profile served is a band only a run narrows: baseline is explored and kept until code
     begins (before, it was never run again and 1-step served the six hours)."""
-    from pathlib import Path
-
-    from controller.bench.peers import Specpilot
-    from controller.bench.scenario import load_scenario
-
-    root = Path(__file__).resolve().parents[2]
-    sc = load_scenario(root / "scenarios" / "stress" / "a8-deep-chain-new-workload.toml")
-    rep = replay(sc, Specpilot())
+    _sc, rep = _a8()
     busy = [(s.to_profile, s.reason) for s in rep.switches if 600.0 <= s.t_s < 22200.0]
     assert ("baseline", "explore") in busy, busy
     assert rep.profile_at(22200.0 - 1.0) == "baseline"
