@@ -733,7 +733,14 @@ class Controller:
             outcome = str(d.diagnostics.get("trial_outcome") or "inconclusive")
             if outcome not in ("successful", "failed", "inconclusive"):
                 outcome = "inconclusive"
-        self._finish_trial(outcome, now, before, {})
+        # A failed trial that still served more than the profile it left ends without a
+        # rollback: the row says so, and what that profile was predicted to serve.
+        kept = {
+            k: d.diagnostics[k]
+            for k in ("trial_kept_over", "trial_kept_over_tok_s")
+            if k in d.diagnostics
+        }
+        self._finish_trial(outcome, now, before, kept)
         if outcome == "successful":
             self.last_good = str(before["profile"])
 

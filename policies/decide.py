@@ -86,7 +86,7 @@ from policies.estimators import (
 )
 from policies.hybrid_decide import HybridState, LongRunState
 from policies.overhead import NonDecodeTime, wall_estimate
-from policies.trial import TrialOutcome, TrialSettings, assess_trial
+from policies.trial import TrialOutcome, TrialSettings, assess_trial, beats
 from policies.types import (
     Action,
     Decision,
@@ -950,7 +950,14 @@ def _record_switch(
     predicted_wall: Estimate | None = None,
 ) -> None:
     """`predicted`: the target's decode rate (decode tokens per decode second), what its trial
-    checks; `predicted_wall`: its tok/s over wall time, the trial's fallback."""
+    checks; `predicted_wall`: its tok/s over wall time, the trial's fallback. The profile left
+    is priced alongside (what a rollback would return to: `_trial_beats_left`)."""
+    left = left_wall = None
+    if predicted is not None and target != state.running:
+        left = hybrid_decide.now_prediction(
+            state, state.running, state.model.batch_for(state.running), state.settings
+        )
+        left_wall = wall_estimate(left, state.overhead.per_token_s()) if left else None
     state.switches.append(
         {"t_s": float(now_s), "from": state.running, "to": target, "reason": reason.value}
     )
@@ -963,6 +970,8 @@ def _record_switch(
         "from": state.running,
         "predicted": predicted.to_dict() if predicted is not None else None,
         "predicted_wall": predicted_wall.to_dict() if predicted_wall is not None else None,
+        "left": left.to_dict() if left is not None else None,
+        "left_wall": left_wall.to_dict() if left_wall is not None else None,
     }
 
 
@@ -1156,7 +1165,7 @@ def decide(
 
     if state.trial is not None:
         out = _trial_step(state, obs, intake, s, diag)
-        if out is TrialOutcome.FAILED:
+        if out is TrialOutcome.FAILED and not _trial_beats_left(state.trial, diag, s):
             back = str(state.trial["from"])
             state.trial = None
             return _switch(now_s, state, back, Reason.ROLLBACK_TRIAL_FAILED, diag)
@@ -1324,10 +1333,12 @@ def _trial_step(
     windows = tr["windows"]
     upper = tr.get("upper")
     pred = Estimate.from_dict(tr["predicted"])
+    tr["judged"] = "decode" if decode else "wall"
     if decode and not windows and tr.get("wall_windows") and tr.get("predicted_wall"):
         windows = tr["wall_windows"]
         upper = None
         pred = Estimate.from_dict(tr["predicted_wall"])
+        tr["judged"] = "wall"
     out = assess_trial(pred, windows, s.trial, upper)
     diag["trial_profile"] = tr["profile"]
     diag["trial_outcome"] = out.value
@@ -1336,6 +1347,26 @@ def _trial_step(
     if windows:
         diag["trial_observed_mean"] = sum(windows) / len(windows)
     return out
+
+
+def _trial_beats_left(tr: Mapping[str, Any], diag: dict[str, Any], s: PolicySettings) -> bool:
+    """Whether a trial that failed its prediction still serves confidently more than the
+    profile it left was predicted to (its high end), like with like (decode windows against a
+    decode rate, wall windows against a wall rate): its prediction was wrong, but a rollback
+    would pay a restart to serve less (a random day: 5-step's estimate lagged a verify cost
+    that rose all day, and a trial at 0.89 of it went back to 1-step at 0.6 of what 5-step
+    served). The trial ends there, and the estimates, now holding its windows, decide."""
+    judged = tr.get("judged", "decode")
+    left = tr.get("left_wall" if judged == "wall" else "left")
+    windows = tr.get("wall_windows" if judged == "wall" else "windows") or []
+    if left is None or not windows:
+        return False
+    high = Estimate.from_dict(left).high
+    if not beats(windows, high, s.trial):
+        return False
+    diag["trial_kept_over"] = tr["from"]
+    diag["trial_kept_over_tok_s"] = high
+    return True
 
 
 def _choose(
@@ -1632,6 +1663,8 @@ def on_switch_done(
                 "batch": state.model.batch_for(profile),
                 "predicted": pending["predicted"],
                 "predicted_wall": pending.get("predicted_wall"),
+                "left": pending.get("left"),
+                "left_wall": pending.get("left_wall"),
                 "windows": [],
                 "skip": s.trial_warmup_windows,
                 "t_s": float(now_s),

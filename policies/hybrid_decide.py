@@ -964,7 +964,7 @@ def long_run(
             return _rewrite(state, now_s, s, diag, pr.tok_s if pr else None)
         if D._is_flap(state, name, now_s, s):
             return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
-        target = _now_prediction(state, name, b, s)
+        target = now_prediction(state, name, b, s)
         return _switch(
             now_s,
             state,
@@ -1056,10 +1056,11 @@ def _switch(
     return D._switch(now_s, state, target, reason, diag, predicted, predicted_wall)[1]
 
 
-def _now_prediction(
+def now_prediction(
     state: PolicyState, name: str, batch: float | None, s: PolicySettings
 ) -> Estimate | None:
-    """The target's decode rate at the batch size now (what its trial checks)."""
+    """A profile's decode rate at `batch`: a switch's target (what its trial checks) and the
+    profile it leaves (what a rollback would return to)."""
     spec = state.specs[name]
     if spec.adaptive:
         pr = predict(state, spec, batch, s)

@@ -83,3 +83,10 @@ def assess_trial(
     if n >= settings.max_windows:
         return TrialOutcome.INCONCLUSIVE
     return TrialOutcome.RUNNING
+
+
+def beats(observed_tok_s_windows: Sequence[float], rate: float, settings: TrialSettings) -> bool:
+    """Whether the windows' mean, `settings.z` standard errors down, is at or above `rate`
+    (at least `min_windows` of them): confidently serving more than it."""
+    n, m, se = _mean_se(observed_tok_s_windows)
+    return n >= settings.min_windows and m - settings.z * se >= rate

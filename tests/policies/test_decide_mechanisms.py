@@ -253,6 +253,67 @@ def test_trial_still_fails_on_a_decode_shortfall() -> None:
     assert d.reason is Reason.ROLLBACK_TRIAL_FAILED and d.profile == "baseline"
 
 
+@pytest.mark.parametrize(("left_ratio", "rolls_back"), [(0.6, False), (1.1, True)])
+def test_a_failed_trial_goes_back_only_to_a_profile_that_serves_more(
+    left_ratio: float, rolls_back: bool
+) -> None:
+    """A trial decoding well below its prediction failed; a rollback pays a restart, so it
+    goes back only where the profile it left was predicted to serve more than the trial does
+    (its high end against the trial's mean, z standard errors down). Otherwise the trial ends
+    without a switch, and the estimates, holding its windows now, decide."""
+    syn = Synth(seed=34, noise=0.02)
+    true_decode = syn.true_tok_s(SPECS["eagle5"], 8, ALPHAS, CODE)
+    state = initial_state(PROFILES, "baseline", 0.0, S)
+    high = 1.4 * true_decode
+    left = left_ratio * true_decode
+    state.pending = {
+        "target": "eagle5",
+        "t_s": 0.0,
+        "reason": Reason.SWITCH_PREDICTED_GAIN.value,
+        "from": "baseline",
+        "predicted": Estimate(high, 0.95 * high, 1.05 * high).to_dict(),
+        "left": Estimate(left, 0.95 * left, left).to_dict(),
+    }
+    state = on_switch_done(state, "eagle5", True, 150.0, 150.0)
+    t = 150.0
+    ended = None
+    for _ in range(12):
+        t += 10.0
+        state, d = decide(state, syn.window(SPECS["eagle5"], t, 8, ALPHAS, CODE), t, S, Overrides())
+        if d.diagnostics.get("trial_outcome") == "failed":
+            ended = d
+            break
+    assert ended is not None and state.trial is None
+    if rolls_back:
+        assert ended.reason is Reason.ROLLBACK_TRIAL_FAILED and ended.profile == "baseline"
+    else:
+        assert ended.action is Action.HOLD and state.running == "eagle5"
+        assert ended.diagnostics["trial_kept_over"] == "baseline"
+        assert ended.diagnostics["trial_kept_over_tok_s"] == pytest.approx(left)
+
+
+def test_a_switch_records_what_the_profile_it_leaves_was_predicted_to_serve() -> None:
+    """The rollback rule above needs the left profile's price at the switch: a predicted-gain
+    switch records it (decode and wall), and the trial carries it."""
+    hi, mix = {"chat": 0.85}, {"chat": 1.0}
+    dr = Driver("eagle5", seed=7)
+    dr.run(60, 8, hi, mix)
+    dr.run(60, 8, hi, mix, Overrides(pin_profile="baseline"))
+    assert dr.state.running == "baseline"
+    pending = None
+    for _ in range(80):
+        d = dr.step(8, hi, mix)
+        if d.reason is Reason.SWITCH_PREDICTED_GAIN:
+            pending = dict(dr.state.pending or {})
+            break
+    assert pending is not None and pending["from"] == "baseline"
+    left, wall = Estimate.from_dict(pending["left"]), Estimate.from_dict(pending["left_wall"])
+    assert left.low <= left.mean <= left.high and 0 < wall.mean <= left.mean
+    assert float(d.diagnostics["pred_tok_s.baseline"]) == pytest.approx(wall.mean)
+    dr.run(20, 8, hi, mix)
+    assert dr.state.running == "eagle5"
+
+
 def test_new_state_fields_round_trip_and_old_states_load() -> None:
     dr = Driver("eagle5", seed=26)
     dr.run(100, 8, ALPHAS, {"code": 0.5, "chat": 0.5})

@@ -1,6 +1,6 @@
 import pytest
 
-from policies.trial import TrialOutcome, TrialSettings, assess_trial
+from policies.trial import TrialOutcome, TrialSettings, assess_trial, beats
 from policies.types import Estimate
 
 PRED = Estimate(100.0, 90.0, 110.0)
@@ -38,3 +38,11 @@ def test_windows_at_a_smaller_batch_fail_only_when_their_upper_ends_fail() -> No
     assert assess_trial(PRED, raw, S, [75.0, 75.0, 75.0]) is TrialOutcome.FAILED
     # Success still needs the windows themselves at the bar.
     assert assess_trial(PRED, [82.0] * 3, S, [90.0] * 3) is TrialOutcome.SUCCESSFUL
+
+
+def test_beats_needs_enough_windows_and_a_confident_margin() -> None:
+    s = TrialSettings()
+    assert not beats([120.0, 121.0], 100.0, s)  # fewer than min_windows
+    assert beats([120.0, 121.0, 119.0], 100.0, s)
+    assert not beats([120.0, 80.0, 160.0], 100.0, s)  # mean above, but not z se above
+    assert not beats([90.0, 91.0, 89.0], 100.0, s)
