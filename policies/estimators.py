@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.interpolate import PchipInterpolator
 from scipy.optimize import nnls
+from scipy.special import ndtr
 
 from policies.chain import (
     Z90,
@@ -280,19 +281,41 @@ class SurfaceFit:
 class _Pred(NamedTuple):
     """One profile's step time at a batch size from its own data: `mean` with sampling variance
     `var`, and the band [lo, hi] the curve's unknown shape allows (None: a point, no shape
-    uncertainty); the ~90% interval is the band widened by the sampling error."""
+    uncertainty); the ~90% interval is the band widened by the sampling error, and never
+    leaves `limits` (where set: the curves the physics allows, widened by the sampling error of
+    the point they hang from)."""
 
     mean: float
     var: float
     how: str
     lo: float | None = None
     hi: float | None = None
+    limits: tuple[float, float] | None = None
 
     def interval(self, extra_var: float = 0.0) -> tuple[float, float]:
         half = Z90 * math.sqrt(self.var + extra_var)
         lo = self.mean if self.lo is None else min(self.lo, self.mean)
         hi = self.mean if self.hi is None else max(self.hi, self.mean)
-        return lo - half, hi + half
+        lo, hi = lo - half, hi + half
+        if self.limits is not None:
+            lo, hi = max(lo, self.limits[0]), min(hi, self.limits[1])
+        return lo, hi
+
+
+def _truncated_mean(mean: float, var: float, lo: float, hi: float) -> float:
+    """The mean of N(mean, var) given that it lies in [lo, hi]: a line's guess, with its
+    spread, held to the band the physics allow (clamping it instead would put the centre on the
+    band's edge whenever the line leaves it, however wide its spread: a step time at the very
+    least the physics allow, and the profile priced at the most)."""
+    sd = math.sqrt(var)
+    if not sd > 0 or not hi > lo:
+        return min(max(mean, lo), hi)
+    a, b = (lo - mean) / sd, (hi - mean) / sd
+    mass = float(ndtr(b) - ndtr(a))
+    if mass < 1e-12:
+        return lo if b < 0 else hi
+    pdf = (math.exp(-0.5 * a * a) - math.exp(-0.5 * b * b)) / math.sqrt(2.0 * math.pi)
+    return min(max(mean + sd * pdf / mass, lo), hi)
 
 
 class CycleTimeSurface:
@@ -593,8 +616,9 @@ class CycleTimeSurface:
         (the most a concave stretch can rise); beyond the largest batch, from flat (saturated)
         to EXTRAPOLATION_SLOPE_MAX x the end secant, within [y0, y0 B/B0]; below the smallest,
         the mirror image within [y0 B/B0, y0] (where another profile served that batch size the
-        system's curve there is data: the continuation is a line, half its growth uncertain).
-        The centre is the chord or the end secant."""
+        system's curve there is data: the continuation is a line, half its growth uncertain,
+        centred on the line's mean within the band and never leaving it). The centre is the
+        chord or the end secant."""
         pts = self._points(profile)
         if not pts:
             line = self._line_predict(profile, batch)
@@ -668,6 +692,12 @@ class CycleTimeSurface:
             return _Pred((lo + hi) / 2.0, v0, "extrapolated", lo, hi)
         slope, svar = slope_var
         mean = min(max(y0 + slope * d, lo), hi)
+        # Where a line's spread is the uncertainty, the physical band still bounds it (a line
+        # continued from 96 sequences down to 32 at another profile's slope, half its growth
+        # uncertain, put the step time anywhere from 0 up: on a random fleet day baseline was
+        # priced at up to 3304 tok/s where it would serve about 93).
+        rel = Z90 * math.sqrt(v0) / y0 if y0 > 0 else math.inf
+        limits = (lo * (1.0 - rel), hi * (1.0 + rel))
         st = self.stats[profile]
         covered = (
             len(side) < 2
@@ -678,7 +708,7 @@ class CycleTimeSurface:
             # The profile's own steps (within its windows) spanned this batch size: its line
             # holds here, up to the model floor.
             extra = SURFACE_REL_ERR_FLOOR * slope * abs(d) / Z90
-            return _Pred(mean, v0 + svar * d * d + extra * extra, "extrapolated")
+            return _Pred(mean, v0 + svar * d * d + extra * extra, "extrapolated", limits=limits)
         rise = self._curve_rise(profile, b0, batch)
         if rise is not None:
             # The roofline through every profile's served sizes knows where the cost saturates
@@ -691,7 +721,10 @@ class CycleTimeSurface:
             # with half its growth as shape uncertainty, on top of the sampling error and floor.
             extra = SURFACE_REL_ERR_FLOOR * slope * abs(d) / Z90
             shape = slope * abs(d) / 2.0 / Z90
-            return _Pred(mean, v0 + svar * d * d + extra * extra + shape * shape, "extrapolated")
+            var = v0 + svar * d * d + extra * extra + shape * shape
+            if rise is None:
+                mean = _truncated_mean(y0 + slope * d, var, lo, hi)
+            return _Pred(mean, var, "extrapolated", limits=limits)
         # Beyond every batch size any profile served, the slope may be anything from flat
         # (saturated) to EXTRAPOLATION_SLOPE_MAX times the end secant (turning compute-bound),
         # within the physical band. The sampling error of the slope counts only for the data's

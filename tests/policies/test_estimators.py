@@ -736,3 +736,26 @@ def test_the_load_behind_a_binding_cap_prices_each_profile_at_its_own_batch() ->
     # The server's own report wins over the flags.
     m.observe(dataclasses.replace(w, t_s=t + 10.0, max_running_reqs=64.0))
     assert m.cap("eagle5") == 64.0 and m.cap("eagle2") == 48.0 and m.cap("baseline") is None
+
+
+def test_a_line_continued_into_the_physical_band_is_centred_by_its_spread_not_clamped() -> None:
+    """Baseline served at 96 streams only, its experts saturated there; 2-step at 1 and 32 on a
+    steep, compute-bound cost. Down at 32 the line from 96 at the shared surface's slope falls
+    below the band the physics allow (step time never falls as B grows, time per sequence never
+    rises: [T(96)/3, T(96)]), yet its spread covers much of the band: the centre is the line's
+    mean within the band (not the band's lower edge, which prices baseline at the most it could
+    serve), and the interval stays in the band."""
+
+    def base(b: float) -> float:
+        return 0.020 + 0.060 * (1.0 - math.exp(-b / 24.0))
+
+    surf = CycleTimeSurface([BASE, E2], min_windows=3)
+    _feed_exact(surf, "baseline", base, (96.0,))
+    _feed_exact(surf, "eagle2", lambda b: 0.005 + 0.003 * b, (1.0, 32.0))
+    assert surf.support("baseline", 32.0) == "extrapolated"
+    e = surf.estimate("baseline", 32.0)
+    edge = base(96.0) * 32.0 / 96.0
+    assert e is not None
+    assert e.low >= edge * 0.99 and e.high <= base(96.0) * 1.01
+    assert e.mean > edge * 1.2
+    assert e.low <= base(32.0) <= e.high
