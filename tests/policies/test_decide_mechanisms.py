@@ -231,48 +231,27 @@ def test_trial_judges_decode_rate_not_reconnect_prefill() -> None:
     assert state.trial is None  # judged (successful), not left hanging
 
 
-def test_trial_still_fails_on_a_decode_shortfall() -> None:
-    syn = Synth(seed=34, noise=0.02)
-    true_decode = syn.true_tok_s(SPECS["eagle5"], 8, ALPHAS, CODE)
-    state = initial_state(PROFILES, "baseline", 0.0, S)
-    high = 1.4 * true_decode
-    state.pending = {
-        "target": "eagle5",
-        "t_s": 0.0,
-        "reason": Reason.SWITCH_PREDICTED_GAIN.value,
-        "from": "baseline",
-        "predicted": Estimate(high, 0.95 * high, 1.05 * high).to_dict(),
-    }
-    state = on_switch_done(state, "eagle5", True, 150.0, 150.0)
-    t = 150.0
-    for _ in range(12):
-        t += 10.0
-        state, d = decide(state, syn.window(SPECS["eagle5"], t, 8, ALPHAS, CODE), t, S, Overrides())
-        if d.action is Action.SWITCH:
-            break
-    assert d.reason is Reason.ROLLBACK_TRIAL_FAILED and d.profile == "baseline"
-
-
-@pytest.mark.parametrize(("left_ratio", "rolls_back"), [(0.6, False), (1.1, True)])
-def test_a_failed_trial_goes_back_only_to_a_profile_that_serves_more(
-    left_ratio: float, rolls_back: bool
+@pytest.mark.parametrize(("left_ratio", "rolls_back"), [(None, True), (0.6, False), (1.1, True)])
+def test_trial_fails_on_a_decode_shortfall_and_goes_back_only_to_a_profile_that_serves_more(
+    left_ratio: float | None, rolls_back: bool
 ) -> None:
     """A trial decoding well below its prediction failed; a rollback pays a restart, so it
     goes back only where the profile it left was predicted to serve more than the trial does
-    (its high end against the trial's mean, z standard errors down). Otherwise the trial ends
-    without a switch, and the estimates, holding its windows now, decide."""
+    (its high end against the trial's mean, z standard errors down), or where that price is
+    unknown (a switch recorded before it was kept). Otherwise the trial ends without a switch,
+    and the estimates, holding its windows now, decide."""
     syn = Synth(seed=34, noise=0.02)
     true_decode = syn.true_tok_s(SPECS["eagle5"], 8, ALPHAS, CODE)
     state = initial_state(PROFILES, "baseline", 0.0, S)
     high = 1.4 * true_decode
-    left = left_ratio * true_decode
+    left = None if left_ratio is None else left_ratio * true_decode
     state.pending = {
         "target": "eagle5",
         "t_s": 0.0,
         "reason": Reason.SWITCH_PREDICTED_GAIN.value,
         "from": "baseline",
         "predicted": Estimate(high, 0.95 * high, 1.05 * high).to_dict(),
-        "left": Estimate(left, 0.95 * left, left).to_dict(),
+        "left": None if left is None else Estimate(left, 0.95 * left, left).to_dict(),
     }
     state = on_switch_done(state, "eagle5", True, 150.0, 150.0)
     t = 150.0
