@@ -695,7 +695,7 @@ class CycleTimeSurface:
         # Where a line's spread is the uncertainty, the physical band still bounds it (a line
         # continued from 96 sequences down to 32 at another profile's slope, half its growth
         # uncertain, put the step time anywhere from 0 up: on a random fleet day baseline was
-        # priced at up to 3304 tok/s where it would serve about 93).
+        # priced at 137 tok/s in [45, 3304] where it would serve about 93).
         rel = Z90 * math.sqrt(v0) / y0 if y0 > 0 else math.inf
         limits = (lo * (1.0 - rel), hi * (1.0 + rel))
         st = self.stats[profile]
