@@ -241,9 +241,9 @@ def test_a_deeper_chain_read_off_a_shallower_one_is_explored() -> None:
     (the prediction's interval spans 80 to 7700 tok/s). 6-step was tried, so only a rule for
     such a guess weighs it for exploration; it is explored and kept (57% over 1-step through
     the rest of the day; before, specpilot left 1-step for baseline and never tried 6-step).
-    Since 6-step's step time at 8 streams, read down from 32, is centred within the band the
-    physics allow rather than on its fastest edge, that exploration waits for the chat and
-    math at 2 streams that follow the code."""
+    Since 6-step's step time at 8 streams, read down from 32, is centred on the line's mean
+    within the band the physics allow (its spread reached below the band), that exploration
+    waits for the chat and math at 2 streams that follow the code."""
     sc, rep = _a8()
     code_starts = 600.0 + 21600.0
     later = [(s.to_profile, s.reason) for s in rep.switches if s.t_s >= code_starts]
