@@ -696,8 +696,10 @@ class CycleTimeSurface:
         # continued from 96 sequences down to 32 at another profile's slope, half its growth
         # uncertain, put the step time anywhere from 0 up: on a random fleet day baseline was
         # priced at 137 tok/s in [45, 3304] where it would serve about 93).
-        rel = Z90 * math.sqrt(v0) / y0 if y0 > 0 else math.inf
-        limits = (lo * (1.0 - rel), hi * (1.0 + rel))
+        limits: tuple[float, float] | None = None
+        if y0 > 0:
+            rel = Z90 * math.sqrt(v0) / y0
+            limits = (lo * (1.0 - rel), hi * (1.0 + rel))
         st = self.stats[profile]
         covered = (
             len(side) < 2
