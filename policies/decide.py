@@ -1330,15 +1330,7 @@ def _trial_step(
         diag["trial_outcome"] = TrialOutcome.INCONCLUSIVE.value
         diag["trial_traffic_change_s"] = tr["traffic_change_s"]
         return TrialOutcome.INCONCLUSIVE
-    windows = tr["windows"]
-    upper = tr.get("upper")
-    pred = Estimate.from_dict(tr["predicted"])
-    tr["judged"] = "decode" if decode else "wall"
-    if decode and not windows and tr.get("wall_windows") and tr.get("predicted_wall"):
-        windows = tr["wall_windows"]
-        upper = None
-        pred = Estimate.from_dict(tr["predicted_wall"])
-        tr["judged"] = "wall"
+    _wall, windows, upper, pred = _trial_evidence(tr)
     out = assess_trial(pred, windows, s.trial, upper)
     diag["trial_profile"] = tr["profile"]
     diag["trial_outcome"] = out.value
@@ -1349,6 +1341,19 @@ def _trial_step(
     return out
 
 
+def _trial_evidence(
+    tr: Mapping[str, Any],
+) -> tuple[bool, list[float], list[float] | None, Estimate]:
+    """What a trial is judged on: (over wall time, windows, their upper ends, prediction).
+    Decode windows against the decode prediction; where no window had decode moments, wall
+    windows against the wall prediction; a trial persisted by an older version holds wall
+    windows under "windows"."""
+    decode = tr.get("kind", "wall") == "decode"
+    if decode and not tr["windows"] and tr.get("wall_windows") and tr.get("predicted_wall"):
+        return True, tr["wall_windows"], None, Estimate.from_dict(tr["predicted_wall"])
+    return not decode, tr["windows"], tr.get("upper"), Estimate.from_dict(tr["predicted"])
+
+
 def _trial_beats_left(tr: Mapping[str, Any], diag: dict[str, Any], s: PolicySettings) -> bool:
     """Whether a trial that failed its prediction still serves confidently more than the
     profile it left was predicted to (its high end), like with like (decode windows against a
@@ -1356,9 +1361,8 @@ def _trial_beats_left(tr: Mapping[str, Any], diag: dict[str, Any], s: PolicySett
     would pay a restart to serve less (a random day: 5-step's estimate lagged a verify cost
     that rose all day, and a trial at 0.89 of it went back to 1-step at 0.6 of what 5-step
     served). The trial ends there, and the estimates, now holding its windows, decide."""
-    judged = tr.get("judged", "decode")
-    left = tr.get("left_wall" if judged == "wall" else "left")
-    windows = tr.get("wall_windows" if judged == "wall" else "windows") or []
+    wall, windows, _upper, _pred = _trial_evidence(tr)
+    left = tr.get("left_wall" if wall else "left")
     if left is None or not windows:
         return False
     high = Estimate.from_dict(left).high
