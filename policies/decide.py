@@ -16,9 +16,11 @@ lengths of enough past regimes say switching now beats waiting) all allow it. Wh
 of the last long-run window (batch sizes and workload mix) values the candidate below the
 running profile, the regimes that favour the running profile will come back and take the
 switch back: its restart (R_back at C's long-run rate) is added to the cost
-(hybrid_decide.return_cost). Profiles never run, or whose data predates the last detected
-change in acceptance or cycle time, and chains whose acceptance for the mix served now is unknown
-(a workload in it that no chain of the drafter has served), are explored when the expected value
+(hybrid_decide.return_cost), except on the way back from an exploration to the profile it
+left, a restart the exploration's own cost already counted. Profiles never run, or whose data
+predates the last detected change in acceptance or cycle time, and chains whose acceptance for
+the mix served now is unknown (a workload in it that no chain of the drafter has served), are
+explored when the expected value
 of what a run reveals (for a chain, a deeper chain reveals every shallower one by truncation)
 beats its expected cost, weighed once per regime and information state: re-exploration follows
 detected changes, never a timer (the value of information grows with the expected remaining
@@ -1425,7 +1427,13 @@ def _choose(
             )
             if net > 0 and not young:
                 # Traffic that alternates takes a switch back: the regime's gain pays for both.
-                back = hybrid_decide.return_cost(state, name, s)
+                # Not on the way back from an exploration: its cost already counted that
+                # restart, and the profile it left is where the traffic had put the server.
+                back = (
+                    0.0
+                    if _undoes_exploration(state, name)
+                    else hybrid_decide.return_cost(state, name, s)
+                )
                 if back > 0:
                     diag["return_cost_tokens"] = back
                     if net - back <= 0:
@@ -1471,6 +1479,20 @@ def _choose(
     if best_name == state.running:
         return _hold(now_s, state, Reason.HOLD_BEST, diag)
     return _hold(now_s, state, Reason.HOLD_WITHIN_MARGIN, diag)
+
+
+def _undoes_exploration(state: PolicyState, target: str) -> bool:
+    """Whether switching to `target` goes back to the profile the last switch, an exploration,
+    left, with no change point since: the return the exploration's own cost provided for
+    (`_exploration`: a run found worse is left again after its dwell)."""
+    if not state.switches:
+        return False
+    last = state.switches[-1]
+    if last["reason"] != Reason.EXPLORE.value or last["from"] != target:
+        return False
+    if last["to"] != state.running:
+        return False
+    return not (state.last_change_s is not None and state.last_change_s > float(last["t_s"]))
 
 
 def _is_flap(state: PolicyState, target: str, now_s: float, s: PolicySettings) -> bool:

@@ -278,3 +278,25 @@ def test_a_failed_trial_that_still_beats_the_profile_it_left_is_kept() -> None:
     rep = replay(sc, Specpilot())
     assert [s.reason for s in rep.switches] == ["explore", "switch_predicted_gain"]
     assert rep.profile_at(sc.duration_s - 1.0) == "eagle3-5step"
+
+
+def test_the_way_back_from_an_exploration_is_not_charged_twice() -> None:
+    """stress a10: baseline, explored at one stream, serves 16% less than the 6-step it left;
+    over the traffic so far (ten minutes at 64 streams) it is worth more, so the way back was
+    also charged as a restart the traffic would take back, and the policy stayed on baseline
+    for 69 minutes. The exploration's cost counted that restart: back after its dwell."""
+    from pathlib import Path
+
+    from controller.bench.peers import Specpilot
+    from controller.bench.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[2]
+    sc = load_scenario(root / "scenarios" / "stress" / "a10-explore-return.toml")
+    rep = replay(sc, Specpilot())
+    assert [(s.to_profile, s.reason) for s in rep.switches] == [
+        ("baseline", "explore"),
+        ("eagle3-6step", "switch_predicted_gain"),
+    ]
+    explore, back = rep.switches
+    assert back.t_s - explore.up_s <= 900.0
+
