@@ -268,6 +268,7 @@ class SurfaceFit:
     has_baseline: bool
     rel_resid_rms: float  # RMS relative residual of the profiles' levels against the surface
     draft_resid_per_step_s: float  # mean per draft step residual of speculative profiles
+    varied_ns: tuple[int, ...] = ()  # tokens per sequence of the profiles that varied B
 
     def at(self, batch: float, n: int) -> float:
         c0, c1, c2, c3 = self.coef
@@ -276,6 +277,32 @@ class SurfaceFit:
     def slope(self, n: int) -> float:
         _, _, c2, c3 = self.coef
         return c2 * n + c3
+
+    def slope_range(self, n: int) -> tuple[float, float]:
+        """The slopes in B at `n` tokens per sequence that the data allow. Profiles of two
+        token counts that varied B identify the split between the per-token and the
+        per-sequence term, and one of `n`'s own its slope. Where only one count n* did, its
+        slope S is known but not the split (c2, c3 >= 0 with c2 n* + c3 = S): above n* the slope
+        lies between S (all per sequence: KV reads, experts saturated) and S n / n* (all per
+        token: compute), and the fit's own split is the ridge's choice, not data. At or below
+        n* the fit's slope stands: there the varied profile's own forwards, as many sequences
+        with as many tokens each or more, bound the prediction (CycleTimeSurface.token_bounds),
+        while above it no forward served carries as many tokens per sequence."""
+        if len(self.varied_ns) != 1 or n <= self.varied_ns[0]:
+            return self.slope(n), self.slope(n)
+        s = self.slope(self.varied_ns[0])
+        return s, s * n / self.varied_ns[0]
+
+
+def _slope_with_split(fit: SurfaceFit, n: int) -> tuple[float, float]:
+    """(slope, variance) in B at `n` tokens per sequence from the shared surface: its slope
+    with the model floor where the data identify it, else the middle of the range the data
+    allow (`SurfaceFit.slope_range`), that range its ~90% interval."""
+    lo, hi = fit.slope_range(n)
+    if hi <= lo:
+        return lo, (SURFACE_REL_ERR_FLOOR * lo / Z90) ** 2
+    mid = (lo + hi) / 2.0
+    return mid, max((hi - lo) / 2.0, SURFACE_REL_ERR_FLOOR * mid) ** 2 / Z90**2
 
 
 class _Pred(NamedTuple):
@@ -519,6 +546,7 @@ class CycleTimeSurface:
         xty = np.zeros(4)
         used: list[tuple[ProfileSpec, LineStats]] = []
         slope_identified = False
+        varied: set[int] = set()
         for name, st in self.stats.items():
             spec = self.specs[name]
             if spec.adaptive or not self.has_data(name):
@@ -537,7 +565,9 @@ class CycleTimeSurface:
             )
             xty += np.array([sy, s * sy, n * sxy, sxy])
             used.append((spec, st))
-            slope_identified = slope_identified or st.var_b >= MIN_BATCH_SD_FOR_SLOPE**2
+            if st.var_b >= MIN_BATCH_SD_FOR_SLOPE**2:
+                slope_identified = True
+                varied.add(n)
         if len(used) < 2:
             return None
         # Scale-aware ridge keeps the Cholesky defined when columns are collinear (one n seen).
@@ -568,6 +598,7 @@ class CycleTimeSurface:
             has_baseline=has_base,
             rel_resid_rms=math.sqrt(sum(rel2) / len(rel2)),
             draft_resid_per_step_s=sum(draft) / len(draft) if draft else 0.0,
+            varied_ns=tuple(sorted(varied)),
         )
 
     def _bucket_has_data(self, st: LineStats) -> bool:
@@ -595,8 +626,7 @@ class CycleTimeSurface:
         fit = self.surface()
         spec = self.specs[profile]
         if fit is not None and fit.slope_identified and not spec.adaptive:
-            bs = fit.slope(max(int(spec.draft_tokens), 1))
-            return bs, (SURFACE_REL_ERR_FLOOR * bs / Z90) ** 2
+            return _slope_with_split(fit, max(int(spec.draft_tokens), 1))
         return None
 
     def _own_predict(self, profile: str, batch: float) -> _Pred | None:
@@ -781,9 +811,8 @@ class CycleTimeSurface:
         spec = self.specs[profile]
         n = max(int(spec.draft_tokens), 1)
         if fit is not None and fit.slope_identified and not spec.adaptive:
-            bs = fit.slope(n)
-            extra = SURFACE_REL_ERR_FLOOR * bs * abs(d) / Z90
-            return st.level + bs * d, level_var + extra * extra
+            bs, svar = _slope_with_split(fit, n)
+            return st.level + bs * d, level_var + svar * d * d
         # No slope anywhere: step time is non-decreasing in B and at most proportional to it.
         lo, hi = sorted((st.level, st.level * batch / st.bbar))
         half = (hi - lo) / 2.0

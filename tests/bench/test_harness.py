@@ -300,3 +300,21 @@ def test_the_way_back_from_an_exploration_is_not_charged_twice() -> None:
     explore, back = rep.switches
     assert back.t_s - explore.up_s <= 900.0
 
+
+def test_a_chain_priced_off_one_token_counts_slope_is_explored_where_it_serves_more() -> None:
+    """stress a11: MoE, only baseline varied its batch size; 7-step ran at 2 streams only.
+    At 64 streams its price rests on a slope in B whose split into per-token and per-sequence
+    parts no data identify: priced at the fit's split it was 72 tok/s against the 370 it
+    serves, and never explored in five hours; priced over the range the data allow it is
+    explored within the hour at 64 streams and served on."""
+    from pathlib import Path
+
+    from controller.bench.peers import Specpilot
+    from controller.bench.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[2]
+    sc = load_scenario(root / "scenarios" / "stress" / "a11-one-chain-slope.toml")
+    rep = replay(sc, Specpilot())
+    busy = [s for s in rep.switches if 7200.0 <= s.t_s < 10800.0]
+    assert [(s.to_profile, s.reason) for s in busy] == [("eagle3-7step", "explore")]
+    assert rep.profile_at(sc.duration_s - 1.0) in ("eagle3-6step", "eagle3-7step")

@@ -759,3 +759,36 @@ def test_a_line_continued_into_the_physical_band_is_centred_by_its_spread_not_cl
     assert e.low >= edge * 0.99 and e.high <= base(96.0) * 1.01
     assert e.mean > edge * 1.2
     assert e.low <= base(32.0) <= e.high
+
+
+@pytest.mark.parametrize(
+    "cost",
+    [Cost(per_tok_s=0.0012, per_seq_s=0.0), Cost(per_tok_s=0.0, per_seq_s=0.0012)],
+    ids=["per-token", "per-sequence"],
+)
+def test_a_slope_only_one_token_count_identified_spans_per_token_to_per_sequence(
+    cost: Cost,
+) -> None:
+    """Baseline served 1 and 48 streams, 2-step (3 tokens per sequence) one stream only.
+    Baseline's slope S is data, but not how it splits into a per-token and a per-sequence part:
+    2-step's slope lies anywhere from S (all per sequence: KV reads, saturated experts) to 3 S
+    (all per token: compute). Both systems give the same baseline data; 2-step's interval at
+    48 holds the truth of each (the fit's own split, a ridge's choice, left one outside). Below
+    the varied count the fit's slope stands (the varied profile's forwards bound it), and once
+    a second token count varies B the split is data and the range closes."""
+    surf = CycleTimeSurface([BASE, E2, E5], min_windows=3)
+    _feed_exact(surf, "baseline", lambda b: float(cost.step_s(b, 1)), (1.0, 48.0))
+    _feed_exact(surf, "eagle2", lambda b: float(cost.step_s(b, 3)), (1.0,))
+    e = surf.estimate("eagle2", 48.0)
+    assert e is not None and inside(e, float(cost.step_s(48.0, 3)))
+    fit = surf.surface()
+    assert fit is not None and fit.varied_ns == (1,)
+    s = fit.slope(1)
+    lo, hi = fit.slope_range(3)
+    assert lo == pytest.approx(s, rel=1e-6) and hi == pytest.approx(3.0 * s, rel=1e-6)
+    assert fit.slope_range(1) == (s, s)
+    _feed_exact(surf, "eagle5", lambda b: float(cost.step_s(b, 6)), (1.0, 48.0))
+    fit = surf.surface()
+    assert fit is not None and fit.varied_ns == (1, 6)
+    lo, hi = fit.slope_range(3)
+    assert lo == hi
