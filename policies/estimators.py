@@ -545,8 +545,7 @@ class CycleTimeSurface:
         xtx = np.zeros((4, 4))
         xty = np.zeros(4)
         used: list[tuple[ProfileSpec, LineStats]] = []
-        slope_identified = False
-        varied: set[int] = set()
+        varied: set[int] = set()  # tokens per sequence of the profiles that varied B
         for name, st in self.stats.items():
             spec = self.specs[name]
             if spec.adaptive or not self.has_data(name):
@@ -566,7 +565,6 @@ class CycleTimeSurface:
             xty += np.array([sy, s * sy, n * sxy, sxy])
             used.append((spec, st))
             if st.var_b >= MIN_BATCH_SD_FOR_SLOPE**2:
-                slope_identified = True
                 varied.add(n)
         if len(used) < 2:
             return None
@@ -576,7 +574,7 @@ class CycleTimeSurface:
         z = np.linalg.solve(r.T, xty)
         coef, _ = nnls(r, z)
         c = (float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]))
-        fit = SurfaceFit(c, slope_identified, (), False, 0.0, 0.0)
+        fit = SurfaceFit(c, bool(varied), (), False, 0.0, 0.0)
         rel2: list[float] = []
         draft: list[float] = []
         spec_ns: list[int] = []
@@ -593,7 +591,7 @@ class CycleTimeSurface:
                 has_base = True
         return SurfaceFit(
             coef=c,
-            slope_identified=slope_identified,
+            slope_identified=bool(varied),
             spec_ns=tuple(sorted(set(spec_ns))),
             has_baseline=has_base,
             rel_resid_rms=math.sqrt(sum(rel2) / len(rel2)),

@@ -5,15 +5,23 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 from controller.bench.harness import Replay, replay
-from controller.bench.peers import Greedy, Static
-from controller.bench.scenario import Scenario, bench_profile, scenario_from_dict
+from controller.bench.peers import Greedy, Specpilot, SpecpilotHybrid, Static
+from controller.bench.scenario import Scenario, bench_profile, load_scenario, scenario_from_dict
 from policies.types import Action, Decision, Observation, ProfileSpec, Reason
 from simulator.engine import StepEngine, drive_closed_loop
 from tests.bench.conftest import make_scenario
+
+STRESS = Path(__file__).resolve().parents[2] / "scenarios" / "stress"
+
+
+def _stress(name: str) -> Scenario:
+    """A scenario of scenarios/stress/ by file name (without .toml)."""
+    return load_scenario(STRESS / f"{name}.toml")
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens() -> None:
@@ -127,8 +135,6 @@ def test_a_chain_is_explored_again_for_a_workload_no_chain_has_served() -> None:
     anywhere in [1, 8], so only a run says what it is, and the rest of the regime repays one.
     specpilot explores it and stays (before, a chain already tried was not weighed again
     without a detected change of its own, and it served 40% less)."""
-    from controller.bench.peers import Specpilot
-
     sc = scenario_from_dict(
         {
             "name": "t",
@@ -155,8 +161,6 @@ def test_a_baseline_that_runs_the_whole_load_past_the_speculative_cap_is_found()
     48 requests (the rest queue), baseline runs all 96 and serves 5% more. The queue behind the
     cap says so: specpilot prices baseline at 96 and explores it (before, it priced baseline at
     the 48 it saw running, a bound only, and stayed on 4-step all day)."""
-    from controller.bench.peers import Specpilot
-
     sc = scenario_from_dict(
         {
             "name": "t",
@@ -197,8 +201,6 @@ def test_a_profile_that_would_run_a_batch_nobody_served_is_weighed_for_explorati
     profile has served, so baseline's price there (run at one stream only) is a guess, and
     exploring it is weighed although baseline was tried. It is explored and kept: at 96 it
     serves about 8% more than 2-step (before, 2-step was explored and kept)."""
-    from controller.bench.peers import Specpilot
-
     sc = _uncapped_cycle([(3600, 1), (10800, 96)])
     rep = replay(sc, Specpilot())
     later = [(s.to_profile, s.reason) for s in rep.switches if s.t_s > 3600.0]
@@ -212,8 +214,6 @@ def test_a_batch_size_served_once_is_not_new_again_when_its_data_fades() -> None
     three of one stream again. Baseline's one-stream data from the first minutes has faded by
     then, but one stream is a batch size it did serve: the hybrid profile, serving it, does not
     weigh baseline as untried there (before, it explored baseline and left for 5-step)."""
-    from controller.bench.peers import SpecpilotHybrid
-
     sc = _uncapped_cycle([(10800, 1), (10800, 64), (10800, 1)])
     rep = replay(sc, SpecpilotHybrid(None, sc.sim_profile()))
     assert ("baseline", "explore") in [(s.to_profile, s.reason) for s in rep.switches]
@@ -224,13 +224,7 @@ def test_a_batch_size_served_once_is_not_new_again_when_its_data_fades() -> None
 @functools.cache
 def _a8() -> tuple[Scenario, Replay]:
     """stress a8 replayed once with specpilot (two tests read it)."""
-    from pathlib import Path
-
-    from controller.bench.peers import Specpilot
-    from controller.bench.scenario import load_scenario
-
-    root = Path(__file__).resolve().parents[2]
-    sc = load_scenario(root / "scenarios" / "stress" / "a8-deep-chain-new-workload.toml")
+    sc = _stress("a8-deep-chain-new-workload")
     return sc, replay(sc, Specpilot())
 
 
@@ -268,13 +262,7 @@ def test_a_failed_trial_that_still_beats_the_profile_it_left_is_kept() -> None:
     5-step's price (data half an hour old) sets its trial a bar it misses by a few percent,
     while it serves 60% more than 1-step. No rollback: 2 switches, where a rollback to 1-step
     each time made 6 (0.856 of oracle_dp before)."""
-    from pathlib import Path
-
-    from controller.bench.peers import Specpilot
-    from controller.bench.scenario import load_scenario
-
-    root = Path(__file__).resolve().parents[2]
-    sc = load_scenario(root / "scenarios" / "stress" / "a9-verify-ramp-trial.toml")
+    sc = _stress("a9-verify-ramp-trial")
     rep = replay(sc, Specpilot())
     assert [s.reason for s in rep.switches] == ["explore", "switch_predicted_gain"]
     assert rep.profile_at(sc.duration_s - 1.0) == "eagle3-5step"
@@ -285,13 +273,7 @@ def test_the_way_back_from_an_exploration_is_not_charged_twice() -> None:
     over the traffic so far (ten minutes at 64 streams) it is worth more, so the way back was
     also charged as a restart the traffic would take back, and the policy stayed on baseline
     for 69 minutes. The exploration's cost counted that restart: back after its dwell."""
-    from pathlib import Path
-
-    from controller.bench.peers import Specpilot
-    from controller.bench.scenario import load_scenario
-
-    root = Path(__file__).resolve().parents[2]
-    sc = load_scenario(root / "scenarios" / "stress" / "a10-explore-return.toml")
+    sc = _stress("a10-explore-return")
     rep = replay(sc, Specpilot())
     assert [(s.to_profile, s.reason) for s in rep.switches] == [
         ("baseline", "explore"),
@@ -307,13 +289,7 @@ def test_a_chain_priced_off_one_token_counts_slope_is_explored_where_it_serves_m
     parts no data identify: priced at the fit's split it was 72 tok/s against the 370 it
     serves, and never explored in five hours; priced over the range the data allow it is
     explored within the hour at 64 streams and served on."""
-    from pathlib import Path
-
-    from controller.bench.peers import Specpilot
-    from controller.bench.scenario import load_scenario
-
-    root = Path(__file__).resolve().parents[2]
-    sc = load_scenario(root / "scenarios" / "stress" / "a11-one-chain-slope.toml")
+    sc = _stress("a11-one-chain-slope")
     rep = replay(sc, Specpilot())
     busy = [s for s in rep.switches if 7200.0 <= s.t_s < 10800.0]
     assert [(s.to_profile, s.reason) for s in busy] == [("eagle3-7step", "explore")]
