@@ -283,6 +283,21 @@ def test_the_way_back_from_an_exploration_is_not_charged_twice() -> None:
     assert back.t_s - explore.up_s <= 900.0
 
 
+def test_verify_spikes_shorter_than_a_restart_are_ridden_out() -> None:
+    """stress a13: every hour the verify pass turns 1.8x dearer for three minutes, less than
+    the tuned Kimi's restart; baseline serves more during each spike. The spikes are detected
+    (cycle-time change points) and ridden out: apart from the exploration of baseline at the
+    start and the way back, no switch in eight hours. Treating such a change as no regime
+    boundary (the traffic did not move) chased them: three false switches."""
+    sc = _stress("a13-verify-spikes")
+    rep = replay(sc, Specpilot())
+    assert [(s.to_profile, s.reason) for s in rep.switches] == [
+        ("baseline", "explore"),
+        ("eagle3-2step", "switch_predicted_gain"),
+    ]
+    assert rep.profile_at(sc.duration_s - 1.0) == "eagle3-2step"
+
+
 def test_a_chain_priced_off_one_token_counts_slope_is_explored_where_it_serves_more() -> None:
     """stress a11: MoE, only baseline varied its batch size; 7-step ran at 2 streams only.
     At 64 streams its price rests on a slope in B whose split into per-token and per-sequence
