@@ -828,7 +828,7 @@ def _boot_discount(state: PolicyState, profile: str, s: PolicySettings) -> None:
     """A new boot of `profile`: its old estimates become a weak prior (drift across boots)."""
     state.model.cycle.discount(profile, s.boot_carryover, max_windows=s.boot_carryover_max_windows)
     hybrid_decide.discount_self(state, profile, s.boot_carryover)
-    state.model.accept.discount(profile, s.boot_carryover)
+    state.model.accept.discount(profile, s.boot_carryover, moved=False)
 
 
 def on_canary_started(state: PolicyState, profile: str) -> PolicyState:

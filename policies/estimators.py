@@ -1397,11 +1397,16 @@ class AcceptLength:
             return ref.mean * exp_v / cov_v
         return agg
 
-    def discount(self, profile: str, factor: float, workload: str | None = None) -> None:
+    def discount(
+        self, profile: str, factor: float, workload: str | None = None, *, moved: bool = True
+    ) -> None:
         """Keep only `factor` of a profile's accept evidence (a detected change, a new boot).
         With `workload`, only that workload's (a change detected in its own accept length)
         plus the evidence pooled over workloads (the aggregate and the histogram hold it too);
-        the other workloads' levels did not move and keep their data."""
+        the other workloads' levels did not move and keep their data. `moved`: the level is
+        known to have moved, and the minimum-data rule waits for windows since; without it (a
+        new boot: what a drafter accepts does not drift with the system's costs) the evidence
+        stays an estimate, down-weighted, for workloads the new boot may never serve."""
         f = min(max(factor, 0.0), 1.0)
         self._memo.clear()
         for per in (self.ratios[profile], *self.batched.get(profile, {}).values()):
@@ -1409,7 +1414,8 @@ class AcceptLength:
                 if workload is not None and w not in (workload, AGGREGATE):
                     continue
                 st.scale(f)
-                st.count = 0
+                if moved:
+                    st.count = 0
         hs = self.hists[profile]
         hs.counts = [c * f for c in hs.counts]
         self._shape.pop(profile, None)

@@ -454,6 +454,26 @@ def test_a_boot_that_matches_the_last_one_keeps_its_other_batch_sizes(drift: boo
     assert back == ("extrapolated" if drift else "bucket"), back
 
 
+def test_a_new_boot_keeps_the_acceptance_of_workloads_it_does_not_serve() -> None:
+    """5-step served code, baseline ran, and 5-step boots again on chat. A boot moves the
+    system's costs, not what the drafter accepts: code's accept length stays an estimate,
+    down-weighted to the boot's carryover (a wider interval), not a gap that only code served
+    on this boot could fill (stress z6: after an exploration on the 8-stream chat, 5-step's
+    accept length on math was a shallower chain's tail-model guess for the rest of the day)."""
+    pin5, pinb = Overrides(pin_profile="eagle5"), Overrides(pin_profile="baseline")
+    dr = Driver("eagle5", seed=62)
+    dr.run(60, 4, ALPHAS, CODE, pin5)
+    code = dr.state.model.accept.estimate("eagle5", "code")
+    assert code is not None
+    dr.run(40, 4, ALPHAS, CHAT, pinb)
+    dr.run(40, 4, ALPHAS, CHAT, pin5)
+    assert dr.state.running == "eagle5"
+    kept = dr.state.model.accept.estimate("eagle5", "code")
+    assert kept is not None and kept.mean == pytest.approx(code.mean)
+    assert kept.high - kept.low > code.high - code.low
+    assert dr.state.model.accept.estimate("eagle5", "chat") is not None
+
+
 def test_a_profile_tried_only_far_from_the_batch_served_now_is_weighed_for_exploration() -> None:
     """Every profile ran at 64 streams only; then the load falls to 2 (a random MoE day:
     baseline, run at 64 only, was priced at 2 at 44% of its rate, band [6.5, 3527] tok/s, and

@@ -227,6 +227,24 @@ def test_observed_accept_length_per_workload_matches_chain() -> None:
         assert e is not None and inside(e, float(expected_accept_length(a, 2)))
 
 
+def test_a_boot_keeps_accept_evidence_usable_a_detected_change_does_not() -> None:
+    """A discount that does not say the level moved (a new boot) keeps each workload's accept
+    length an estimate, with the interval of the weight kept; one for a change detected in a
+    workload's own level waits for windows since, and leaves the other workloads alone."""
+    syn = Synth(seed=7)
+    m = ThroughputModel(PROFILES)
+    feed(m, syn, E2, 0, 20, 8)
+    before = m.accept.estimate("eagle2", "code")
+    assert before is not None
+    m.accept.discount("eagle2", 0.25, moved=False)
+    after = m.accept.estimate("eagle2", "code")
+    assert after is not None and after.mean == pytest.approx(before.mean)
+    assert after.high - after.low > before.high - before.low
+    m.accept.discount("eagle2", 0.25, workload="code")
+    assert m.accept.estimate("eagle2", "code") is None
+    assert m.accept.estimate("eagle2", "chat") is not None
+
+
 def test_two_step_from_five_step_by_exact_truncation() -> None:
     syn = Synth(seed=8)
     m = ThroughputModel(PROFILES)
