@@ -263,12 +263,16 @@ class SurfaceFit:
     """Coefficients of T(B, n) = c0 + c1*[n>1] + c2*B*n + c3*B (seconds), all >= 0 (nnls)."""
 
     coef: tuple[float, float, float, float]
-    slope_identified: bool  # some profile varied B enough to identify the B terms
-    spec_ns: tuple[int, ...]  # draft tokens of the speculative profiles with data
-    has_baseline: bool
-    rel_resid_rms: float  # RMS relative residual of the profiles' levels against the surface
-    draft_resid_per_step_s: float  # mean per draft step residual of speculative profiles
-    varied_ns: tuple[int, ...] = ()  # tokens per sequence of the profiles that varied B
+    varied_ns: tuple[int, ...]  # tokens per sequence of the profiles that varied B
+    spec_ns: tuple[int, ...] = ()  # draft tokens of the speculative profiles with data
+    has_baseline: bool = False
+    rel_resid_rms: float = 0.0  # RMS relative residual of the profiles' levels against it
+    draft_resid_per_step_s: float = 0.0  # mean per draft step residual of speculative profiles
+
+    @property
+    def slope_identified(self) -> bool:
+        """Some profile varied B enough to identify the B terms."""
+        return bool(self.varied_ns)
 
     def at(self, batch: float, n: int) -> float:
         c0, c1, c2, c3 = self.coef
@@ -545,7 +549,7 @@ class CycleTimeSurface:
         xtx = np.zeros((4, 4))
         xty = np.zeros(4)
         used: list[tuple[ProfileSpec, LineStats]] = []
-        varied: set[int] = set()  # tokens per sequence of the profiles that varied B
+        varied: set[int] = set()
         for name, st in self.stats.items():
             spec = self.specs[name]
             if spec.adaptive or not self.has_data(name):
@@ -574,7 +578,8 @@ class CycleTimeSurface:
         z = np.linalg.solve(r.T, xty)
         coef, _ = nnls(r, z)
         c = (float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]))
-        fit = SurfaceFit(c, bool(varied), (), False, 0.0, 0.0)
+        varied_ns = tuple(sorted(varied))
+        fit = SurfaceFit(c, varied_ns)
         rel2: list[float] = []
         draft: list[float] = []
         spec_ns: list[int] = []
@@ -591,12 +596,11 @@ class CycleTimeSurface:
                 has_base = True
         return SurfaceFit(
             coef=c,
-            slope_identified=bool(varied),
+            varied_ns=varied_ns,
             spec_ns=tuple(sorted(set(spec_ns))),
             has_baseline=has_base,
             rel_resid_rms=math.sqrt(sum(rel2) / len(rel2)),
             draft_resid_per_step_s=sum(draft) / len(draft) if draft else 0.0,
-            varied_ns=tuple(sorted(varied)),
         )
 
     def _bucket_has_data(self, st: LineStats) -> bool:
