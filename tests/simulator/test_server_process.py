@@ -35,6 +35,12 @@ def test_port_closed_while_loading_then_startup_gauges(sim_process: type[SimProc
     assert graphs["decode"] == 0
 
 
+def _running(p: SimProcess) -> int:
+    """Requests the server is running now (its /v1/loads)."""
+    loads = httpx.get(f"{p.url}/v1/loads", params={"include": "core"}).json()["loads"]
+    return sum(int(x["num_running_reqs"]) for x in loads)
+
+
 def test_sigterm_drains_in_flight_then_exits_0(sim_process: type[SimProcess]) -> None:
     # 20 simulated s of decoding at 10x: a request that stays in flight ~2 s wall.
     p = sim_process(
@@ -53,7 +59,12 @@ def test_sigterm_drains_in_flight_then_exits_0(sim_process: type[SimProcess]) ->
 
     t = threading.Thread(target=long_request)
     t.start()
-    time.sleep(0.3)
+    # SIGTERM only once the long request is in flight (on a busy machine a fixed sleep could
+    # signal an idle server, which exits at once).
+    deadline = time.monotonic() + 10.0
+    while _running(p) < 1:
+        assert time.monotonic() < deadline, "the long request never started"
+        time.sleep(0.05)
     p.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
     assert httpx.get(f"{p.url}/health").status_code == 503
