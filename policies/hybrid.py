@@ -997,6 +997,25 @@ def accept_model_from(
     return AcceptModel(alphas, shares)
 
 
+def _one_chain(known: Mapping[int, Estimate], t0: Estimate | None, g: int) -> Estimate | None:
+    """Tier g's cycle from one run chain of G steps and tier 0 (the target's decode forward and
+    the draft-extend pass): a chain's cycle is tier 0's plus its draft forwards (a few percent)
+    and the verify forward's excess over a decode forward, which is anywhere between all per
+    verified token (the line through tier 0 and the chain) and all fixed (a verify of any width
+    costs what the chain's does: FIELD.md's verify at 20-30 ms against a decode forward at 11).
+    The middle of that range, with the range as its interval (with the chain's own spread)."""
+    if t0 is None:
+        return None  # one tier says nothing of how the cycle grows with steps
+    ((G, eg),) = known.items()
+    line = t0.mean + g / G * (eg.mean - t0.mean)
+    lo, hi = sorted((line, eg.mean))
+    mean = (lo + hi) / 2.0
+    if not mean > 0:
+        return None
+    half = math.hypot((hi - lo) / 2.0, eg.high - eg.mean, t0.high - t0.mean)
+    return Estimate(mean, max(mean - half, 1e-9), mean + half, min(eg.n, t0.n))
+
+
 def tier_cycle_from(
     fixed: Mapping[int, Callable[[float], Estimate | None]],
     baseline: Callable[[float], Estimate | None] | None,
@@ -1006,7 +1025,10 @@ def tier_cycle_from(
     linear in g between the two nearest run tiers (extrapolated along the end secant, the
     interval widened by 10% per step of distance: verify growth with tokens saturates for MoE
     and is steeper when compute-bound). Tier 0: the baseline's decode step plus the draft-extend
-    tax, taken uniform on [0, DRAFT_SHARE_MAX x T_g / (g + 1)] of the shallowest run tier."""
+    tax, taken uniform on [0, DRAFT_SHARE_MAX x T_g / (g + 1)] of the shallowest run tier. With
+    one run chain and the baseline's data, the other tiers are priced by `_one_chain`, so the
+    tiers of a profile set with one chain (baseline, 2-step and an adaptive profile whose table
+    uses 1 step) are priced, and its own windows can correct them."""
 
     @functools.lru_cache(maxsize=256)
     def chains_at(batch: float) -> dict[int, Estimate]:
@@ -1029,9 +1051,11 @@ def tier_cycle_from(
             return Estimate(mean, max(mean - half, 1e-9), mean + half, base.n)
         if g in known:
             return known[g]
+        if len(known) == 1:
+            return _one_chain(known, at(batch, 0), g)
         pair = line_pair(known, g)
         if pair is None:
-            return None  # one tier says nothing of how the cycle grows with steps
+            return None  # one tier (no baseline data) says nothing of how the cycle grows
         a, b = pair
         dist = max(g - b, a - g, 0)
         ea, eb = known[a], known[b]

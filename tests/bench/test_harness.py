@@ -4,6 +4,7 @@ of the windowed replay with the step-by-step engine."""
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -309,3 +310,17 @@ def test_a_chain_priced_off_one_token_counts_slope_is_explored_where_it_serves_m
     busy = [s for s in rep.switches if 7200.0 <= s.t_s < 10800.0]
     assert [(s.to_profile, s.reason) for s in busy] == [("eagle3-7step", "explore")]
     assert rep.profile_at(sc.duration_s - 1.0) in ("eagle3-6step", "eagle3-7step")
+
+
+LONG = pytest.mark.skipif(os.environ.get("SPECPILOT_LONG") != "1", reason="SPECPILOT_LONG=1")
+
+
+@pytest.mark.slow
+@LONG
+def test_an_adaptive_profile_beside_one_chain_is_priced_and_corrected() -> None:
+    """stress a14: baseline, 4-step and an adaptive profile. With the baseline's decode forward
+    as the other end of the one chain's range, every tier is priced, the adaptive profile's
+    windows correct its price, and it serves more than 4-step alone (before: its tiers other
+    than 4 steps unpriced, 0.854 of 4-step)."""
+    sc = _stress("a14-one-chain-hybrid")
+    assert replay(sc, SpecpilotHybrid()).tokens > replay(sc, Static("eagle3-4step")).tokens

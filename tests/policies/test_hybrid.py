@@ -461,6 +461,27 @@ def test_tier_cycle_from_fixed_profiles() -> None:
     assert tier_cycle_from({2: fixed(0.02)}, None)(1, 3) is None  # one tier: no growth
 
 
+def test_one_chain_and_the_baseline_price_every_tier() -> None:
+    # baseline + 2-step + an adaptive profile whose table uses 1 and 3 steps: a verify forward's
+    # excess over a decode forward is anywhere from all per token (the line through tier 0 and
+    # the chain) to all fixed (every tier costs the chain's cycle): the middle, that wide.
+    def fixed(t: float):
+        return lambda b: Estimate(t * b, t * b * 0.99, t * b * 1.01, 10)
+
+    cyc = tier_cycle_from({2: fixed(0.020)}, lambda b: Estimate(0.011, 0.0109, 0.0111))
+    t0, t2 = cyc(1, 0), cyc(1, 2)
+    assert t0 is not None and t2 is not None
+    assert t2.mean == pytest.approx(0.020)
+    line1 = (t0.mean + t2.mean) / 2
+    t1 = cyc(1, 1)
+    assert t1.mean == pytest.approx((line1 + t2.mean) / 2)
+    assert t1.low < line1 and t1.high > t2.mean  # the range the data allow, inside the band
+    line3 = t2.mean + (t2.mean - t0.mean) / 2
+    t3 = cyc(1, 3)  # past the chain: between its cost and the line continued
+    assert t3.mean == pytest.approx((t2.mean + line3) / 2)
+    assert t3.low < t2.mean and t3.high > line3
+
+
 def test_accept_model_from_predictions() -> None:
     specs = [
         ProfileSpec("baseline"),
