@@ -295,6 +295,14 @@ def _fixed_specs(state: PolicyState, spec: ProfileSpec) -> list[ProfileSpec]:
     ]
 
 
+def _chains(fixed: list[ProfileSpec]) -> dict[int, str]:
+    """Steps -> the fixed profile whose cycle prices that tier (the first by name)."""
+    chains: dict[int, str] = {}
+    for p in sorted(fixed, key=lambda p: p.name):
+        chains.setdefault(p.num_steps, p.name)
+    return chains
+
+
 def _baseline(state: PolicyState) -> str | None:
     return next((p.name for p in state.profiles if not p.speculative), None)
 
@@ -325,9 +333,8 @@ def inputs(
         am = accept_model_from(acc, fixed, {AGGREGATE: 1.0})
     if am is None:
         return None
-    by_steps: dict[int, Any] = {}
-    for p in sorted(fixed, key=lambda p: p.name):
-        by_steps.setdefault(p.num_steps, lambda b, n=p.name: model.cycle.estimate(n, b))
+    chains = _chains(fixed)
+    by_steps = {g: (lambda b, n=n: model.cycle.estimate(n, b)) for g, n in chains.items()}
     base = _baseline(state)
     cyc = tier_cycle_from(
         by_steps, (lambda b: model.cycle.estimate(base, b)) if base is not None else None
@@ -336,9 +343,40 @@ def inputs(
     corr = hs.corr.get(spec.name) if hs is not None and corrected else None
     if corr:
         min_w = float(state.settings.min_windows)
-        shift = _shift_fn(corr, cyc)
-        cyc = corrected_cycle(cyc, lambda b, g: _cycle_factor(corr, b, g, min_w, shift))
+        shift, source = _reference(state, spec, corr, cyc)
+        cyc = corrected_cycle(cyc, lambda b, g: _cycle_factor(corr, b, g, min_w, shift, source))
     return am, cyc
+
+
+def _reference(
+    state: PolicyState, spec: ProfileSpec, corr: Mapping[str, LogRatio], base: CycleFn | None
+) -> tuple[ShiftFn, SourceFn]:
+    """What `spec`'s correction cells are read against now: each cell's shift to the
+    uncorrected model `base` (none without it) and whether it may transfer (_cycle_factor)."""
+    shift = _shift_fn(corr, base) if base is not None else (lambda b, g: 0.0)
+    chains = _chains(_fixed_specs(state, spec))
+    return shift, _source_fn(corr, _continued_fn(state, chains, _baseline(state)))
+
+
+def _continued_fn(
+    state: PolicyState, chains: Mapping[int, str], base: str | None
+) -> Callable[[float, int], bool]:
+    """Whether tier g's cycle at a batch size is a fixed profile's line continued past every
+    batch size it served (its chain's; the baseline's for tier 0; any chain's, or the
+    baseline's with one chain, for a tier between them): a band, not data."""
+
+    def continued(batch: float, g: int) -> bool:
+        if g == 0:
+            srcs = [base]
+        elif g in chains:
+            srcs = [chains[g]]
+        else:
+            srcs = [*chains.values()] + ([base] if len(chains) == 1 else [])
+        return any(
+            n is not None and state.model.cycle.support(n, batch) == "extrapolated" for n in srcs
+        )
+
+    return continued
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,7 +414,12 @@ def _usable(r: LogRatio | None, min_w: float, other_bucket: bool) -> tuple[float
 
 
 def _cycle_factor(
-    corr: Mapping[str, LogRatio], batch: float, g: int, min_w: float, shift: ShiftFn
+    corr: Mapping[str, LogRatio],
+    batch: float,
+    g: int,
+    min_w: float,
+    shift: ShiftFn,
+    source: SourceFn | None = None,
 ) -> tuple[float, float] | None:
     """(log factor, standard error) of tier g's cycle time at `batch`: the tier's own ratio at
     the batch's bucket, else the drafting tiers' there (g >= 1), else the same at the other
@@ -384,13 +427,22 @@ def _cycle_factor(
     priced from the baseline's own data) only by its own ratios. Each (bucket, tier) ratio is
     re-referenced to the model now (`shift`): where the fixed profiles' estimates moved since
     the windows were compared with them (a fixed profile ran again and measured the drift), the
-    correction moves back by as much, so the adaptive profile's own level is counted once."""
+    correction moves back by as much, so the adaptive profile's own level is counted once.
+    A ratio transfers to other tiers or buckets only where `source` says the model it is
+    against is no fixed profile's line continued past the batch sizes it served: against such a
+    line it measures the line's error, which says nothing of the tiers and buckets the fixed
+    profiles served (a random day:
+    the adaptive profile ran at 48 streams where 2-step's cost was a line from one stream; the
+    line moved 3.6x with 2-step's later windows, and the correction that kept the adaptive
+    profile's measured level there, carried to 4 streams, priced it at 1023 tok/s against the
+    240 it served there: stress a15)."""
     k = str(batch_bucket(batch))
     cells: dict[str, list[int]] = {}
     for key in corr:
         if key.startswith("T:"):
             _, b, tier = key.split(":")
-            cells.setdefault(b, []).append(int(tier))
+            if (b, int(tier)) == (k, g) or source is None or source(b, int(tier)):
+                cells.setdefault(b, []).append(int(tier))
     others = [b for b in cells if b != k]
     options: list[tuple[list[tuple[str, int]], bool]] = [([(k, g)], False)]
     if g >= 1:
@@ -423,6 +475,17 @@ def _cycle_factor(
 # (bucket, tier) -> log of the uncorrected model's tier cycle now minus its mean when the
 # bucket's windows were compared with it.
 ShiftFn = Callable[[str, int], float]
+# (bucket, tier) -> whether the bucket's ratio may transfer (its model is no line continued).
+SourceFn = Callable[[str, int], bool]
+
+
+def _source_fn(corr: Mapping[str, LogRatio], continued: Callable[[float, int], bool]) -> SourceFn:
+    @functools.lru_cache(maxsize=256)
+    def source(b: str, g: int) -> bool:
+        nb = corr.get(f"N:{b}")
+        return nb is not None and nb.w > 0 and not continued(max(nb.mean(), 1.0), g)
+
+    return source
 
 
 def _shift_fn(corr: Mapping[str, LogRatio], base: CycleFn) -> ShiftFn:
@@ -523,9 +586,9 @@ def self_correction(
     min_w = float(state.settings.min_windows)
     tiers = {int(k.split(":")[2]) for k in corr if k.startswith("T:")}
     ins = inputs(state, state.specs[profile], corrected=False)
-    shift = _shift_fn(corr, ins[1]) if ins is not None else (lambda b, g: 0.0)
+    shift, source = _reference(state, state.specs[profile], corr, ins[1] if ins else None)
     out: dict[str, tuple[float, float] | None] = {
-        f"T:{g}": _cycle_factor(corr, batch, g, min_w, shift) for g in sorted(tiers)
+        f"T:{g}": _cycle_factor(corr, batch, g, min_w, shift, source) for g in sorted(tiers)
     }
     out["L"] = _accept_factor(corr, batch, min_w)
     return out

@@ -324,3 +324,15 @@ def test_an_adaptive_profile_beside_one_chain_is_priced_and_corrected() -> None:
     than 4 steps unpriced, 0.854 of 4-step)."""
     sc = _stress("a14-one-chain-hybrid")
     assert replay(sc, SpecpilotHybrid()).tokens > replay(sc, Static("eagle3-4step")).tokens
+
+
+@pytest.mark.slow
+@LONG
+def test_a_correction_against_a_continued_line_does_not_price_other_batch_sizes() -> None:
+    """stress a15: the adaptive profile's correction at 48 streams, against 2-step's line from
+    one stream continued, carried to 4 streams priced it at 1023 tok/s (it served 240) and it
+    was switched to there. It is not switched to in the four hours of 4 streams."""
+    sc = _stress("a15-continued-line-correction")
+    rep = replay(sc, SpecpilotHybrid())
+    four = [s for s in rep.switches if 30600.0 <= s.t_s < 45000.0]
+    assert "eagle3-hybrid" not in [s.to_profile for s in four]

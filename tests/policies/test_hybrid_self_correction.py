@@ -146,3 +146,36 @@ def test_a_new_boot_keeps_only_a_carryover_of_the_correction() -> None:
     st = on_switch_done(st, "hybrid", True, 120.0, t + 120.0)
     r = st.hybrid.corr["hybrid"]["T:4:2"]
     assert math.isclose(r.w, S.boot_carryover * w_before) and r.count == 0.0
+
+
+def _at_32(st: PolicyState, syn: Synth, t: float, names: tuple[str, ...]) -> PolicyState:
+    """Run each of `names` 20 windows at 32 streams (verify 1.3x dearer than at training)."""
+    syn.cost = dataclasses.replace(syn.cost, verify_fixed_s=Cost().verify_fixed_s * 1.3)
+    for name in names:
+        if name != st.running:
+            t += 120.0
+            st = on_switch_done(st, name, True, 120.0, t)
+        spec = HYB if name == "hybrid" else st.specs[name]
+        for _ in range(20):
+            t += 10.0
+            st, _d = decide(st, syn.window(spec, t, 32.0, ALPHAS, CHAT), t, S, PAUSE)
+    return st
+
+
+def test_a_correction_against_a_continued_line_stays_at_its_bucket() -> None:
+    # The adaptive profile runs at 32 streams, where 2-step's cost is its line from 4 streams
+    # continued: the ratio there is the line's error, and says nothing of 4 streams, where
+    # 2-step's cost is its own data.
+    st, syn, t = _trained(seed=19)
+    st = _at_32(st, syn, t, ("hybrid",))
+    assert hybrid_decide.self_correction(st, "hybrid", 32.0)["T:2"] is not None
+    assert hybrid_decide.self_correction(st, "hybrid", BATCH)["T:2"] is None
+    # ... nor of 5 steps at 32 streams (a tier the adaptive profile did not run there).
+    ins, stale = hybrid_decide.inputs(st, HYB), hybrid_decide.inputs(st, HYB, corrected=False)
+    assert ins is not None and stale is not None
+    assert ins[1](32.0, 5) == stale[1](32.0, 5)
+    assert ins[1](32.0, 2) != stale[1](32.0, 2)
+    # Where 2-step served 32 streams too, the ratio there is the model's error, and transfers.
+    st, syn, t = _trained(seed=19)
+    st = _at_32(st, syn, t, ("eagle2", "hybrid"))
+    assert hybrid_decide.self_correction(st, "hybrid", BATCH)["T:2"] is not None
