@@ -1496,12 +1496,16 @@ def _undoes_exploration(state: PolicyState, target: str) -> bool:
 
 
 def _is_flap(state: PolicyState, target: str, now_s: float, s: PolicySettings) -> bool:
-    """A -> B -> A: going back to the profile the last predicted-gain switch left, inside the
-    amortisation horizon, with no change point since that switch."""
+    """A -> B -> A: going back to the profile the last predicted-gain switch left, or to the one
+    whose failed trial the last switch rolled back (stress a16, three replicas: 3-step's trial
+    failed, the fleet went back to 5-step, and the same estimates sent it into 3-step again 20
+    minutes later, 15 minutes of rolling restarts each way), inside the amortisation horizon,
+    with no change point since that switch."""
     if not state.switches:
         return False
     last = state.switches[-1]
-    if last["reason"] != Reason.SWITCH_PREDICTED_GAIN.value or last["from"] != target:
+    undone = (Reason.SWITCH_PREDICTED_GAIN.value, Reason.ROLLBACK_TRIAL_FAILED.value)
+    if last["reason"] not in undone or last["from"] != target:
         return False
     if now_s - float(last["t_s"]) >= s.amortisation_horizon_s:
         return False

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.bench.fleet import fleet_replay
 from controller.bench.harness import Replay, replay
 from controller.bench.peers import Greedy, Specpilot, SpecpilotHybrid, Static
 from controller.bench.scenario import Scenario, bench_profile, load_scenario, scenario_from_dict
@@ -336,3 +337,13 @@ def test_a_correction_against_a_continued_line_does_not_price_other_batch_sizes(
     rep = replay(sc, SpecpilotHybrid())
     four = [s for s in rep.switches if 30600.0 <= s.t_s < 45000.0]
     assert "eagle3-hybrid" not in [s.to_profile for s in four]
+
+
+def test_a_failed_trial_is_not_retried_on_the_same_estimates() -> None:
+    """stress a16 (three replicas): 3-step's trial failed and the fleet went back to 5-step;
+    with no change point since, it is not switched into again (it was, 20 minutes later)."""
+    sc = _stress("a16-failed-trial-flap")
+    rep = fleet_replay(sc, Specpilot())
+    into = [(s.t_s, s.reason) for s in rep.switches if s.to_profile == "eagle3-3step"]
+    back = [s.t_s for s in rep.switches if s.reason == "rollback_trial_failed"]
+    assert back and len(into) == 1 and into[0][1] == "switch_predicted_gain"

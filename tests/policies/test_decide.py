@@ -274,6 +274,21 @@ def test_budget_and_no_flap(warm_state) -> None:  # type: ignore[no-untyped-def]
 
     assert go(flap) is Reason.HOLD_NO_FLAP
 
+    def failed_trial(s: PolicyState) -> None:
+        # baseline's trial failed and was rolled back: switching into it again on the same
+        # estimates is A -> B -> A too.
+        s.switches.append(
+            {
+                "t_s": t - 400.0,
+                "from": "baseline",
+                "to": "eagle5",
+                "reason": "rollback_trial_failed",
+            }
+        )
+        s.last_change_s = t - 1000.0
+
+    assert go(failed_trial) is Reason.HOLD_NO_FLAP
+
 
 def test_decide_is_deterministic_and_state_round_trips(warm_state) -> None:  # type: ignore[no-untyped-def]
     a = PolicyState.from_dict(warm_state)
