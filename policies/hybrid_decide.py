@@ -419,7 +419,7 @@ def _cycle_factor(
     g: int,
     min_w: float,
     shift: ShiftFn,
-    source: SourceFn | None = None,
+    source: SourceFn,
 ) -> tuple[float, float] | None:
     """(log factor, standard error) of tier g's cycle time at `batch`: the tier's own ratio at
     the batch's bucket, else the drafting tiers' there (g >= 1), else the same at the other
@@ -431,17 +431,16 @@ def _cycle_factor(
     A ratio transfers to other tiers or buckets only where `source` says the model it is
     against is no fixed profile's line continued past the batch sizes it served: against such a
     line it measures the line's error, which says nothing of the tiers and buckets the fixed
-    profiles served (a random day:
-    the adaptive profile ran at 48 streams where 2-step's cost was a line from one stream; the
-    line moved 3.6x with 2-step's later windows, and the correction that kept the adaptive
-    profile's measured level there, carried to 4 streams, priced it at 1023 tok/s against the
-    240 it served there: stress a15)."""
+    profiles served (stress a15: the adaptive profile ran at 48 streams where 2-step's cost was
+    a line from one stream; the line moved 3.6x with 2-step's later windows, and the correction
+    that kept the adaptive profile's measured level there, carried to 4 streams, priced it at
+    1023 tok/s against the 240 it served there)."""
     k = str(batch_bucket(batch))
     cells: dict[str, list[int]] = {}
     for key in corr:
         if key.startswith("T:"):
             _, b, tier = key.split(":")
-            if (b, int(tier)) == (k, g) or source is None or source(b, int(tier)):
+            if (b, int(tier)) == (k, g) or source(b, int(tier)):
                 cells.setdefault(b, []).append(int(tier))
     others = [b for b in cells if b != k]
     options: list[tuple[list[tuple[str, int]], bool]] = [([(k, g)], False)]
