@@ -1055,7 +1055,7 @@ def tier_cycle_from(
             return _one_chain(known, at(batch, 0), g)
         pair = line_pair(known, g)
         if pair is None:
-            return None  # one tier (no baseline data) says nothing of how the cycle grows
+            return None  # no chain priced at this batch size
         a, b = pair
         dist = max(g - b, a - g, 0)
         ea, eb = known[a], known[b]

@@ -343,19 +343,23 @@ def inputs(
     corr = hs.corr.get(spec.name) if hs is not None and corrected else None
     if corr:
         min_w = float(state.settings.min_windows)
-        shift, source = _reference(state, spec, corr, cyc)
+        shift, source = _reference(state, chains, base, corr, cyc)
         cyc = corrected_cycle(cyc, lambda b, g: _cycle_factor(corr, b, g, min_w, shift, source))
     return am, cyc
 
 
 def _reference(
-    state: PolicyState, spec: ProfileSpec, corr: Mapping[str, LogRatio], base: CycleFn | None
+    state: PolicyState,
+    chains: Mapping[int, str],
+    base: str | None,
+    corr: Mapping[str, LogRatio],
+    model: CycleFn | None,
 ) -> tuple[ShiftFn, SourceFn]:
-    """What `spec`'s correction cells are read against now: each cell's shift to the
-    uncorrected model `base` (none without it) and whether it may transfer (_cycle_factor)."""
-    shift = _shift_fn(corr, base) if base is not None else (lambda b, g: 0.0)
-    chains = _chains(_fixed_specs(state, spec))
-    return shift, _source_fn(corr, _continued_fn(state, chains, _baseline(state)))
+    """What an adaptive profile's correction cells are read against now (its tiers priced by
+    `chains` and the baseline `base`): each cell's shift to the uncorrected `model` (none
+    without it) and whether it may transfer (_cycle_factor)."""
+    shift = _shift_fn(corr, model) if model is not None else (lambda b, g: 0.0)
+    return shift, _source_fn(corr, _continued_fn(state, chains, base))
 
 
 def _continued_fn(
@@ -440,8 +444,9 @@ def _cycle_factor(
     for key in corr:
         if key.startswith("T:"):
             _, b, tier = key.split(":")
-            if (b, int(tier)) == (k, g) or source(b, int(tier)):
-                cells.setdefault(b, []).append(int(tier))
+            t = int(tier)
+            if (b, t) == (k, g) or source(b, t):
+                cells.setdefault(b, []).append(t)
     others = [b for b in cells if b != k]
     options: list[tuple[list[tuple[str, int]], bool]] = [([(k, g)], False)]
     if g >= 1:
@@ -585,7 +590,9 @@ def self_correction(
     min_w = float(state.settings.min_windows)
     tiers = {int(k.split(":")[2]) for k in corr if k.startswith("T:")}
     ins = inputs(state, state.specs[profile], corrected=False)
-    shift, source = _reference(state, state.specs[profile], corr, ins[1] if ins else None)
+    chains = _chains(_fixed_specs(state, state.specs[profile]))
+    model = ins[1] if ins else None
+    shift, source = _reference(state, chains, _baseline(state), corr, model)
     out: dict[str, tuple[float, float] | None] = {
         f"T:{g}": _cycle_factor(corr, batch, g, min_w, shift, source) for g in sorted(tiers)
     }
