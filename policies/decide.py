@@ -1170,7 +1170,10 @@ def decide(
         if out is TrialOutcome.FAILED and not _trial_beats_left(state.trial, diag, s):
             back = str(state.trial["from"])
             state.trial = None
-            return _switch(now_s, state, back, Reason.ROLLBACK_TRIAL_FAILED, diag)
+            # A failed rewrite of the running adaptive table goes back to the table it replaced;
+            # with none to go back to, there is nothing to roll back.
+            if back != state.running or hybrid_decide.undo_rewrite(state, now_s, diag):
+                return _switch(now_s, state, back, Reason.ROLLBACK_TRIAL_FAILED, diag)
         if out in (TrialOutcome.PENDING, TrialOutcome.RUNNING):
             return _hold(now_s, state, Reason.HOLD_TRIAL, diag)
         state.trial = None

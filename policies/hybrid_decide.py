@@ -56,7 +56,9 @@ from policies.hybrid import (
     adaptive_breakdown,
     corrected_cycle,
     generate_table,
+    parse_table,
     rewrite_pays,
+    route,
     scale_estimate,
     seed_table,
     table_distance,
@@ -1093,16 +1095,56 @@ def _rewrite_now(
 def _rewrite_flaps(
     state: PolicyState, run: Mapping[str, Any], now_s: float, s: PolicySettings
 ) -> bool:
-    """decide's no-flap rule for a table: a rewrite back to the table the last rewrite replaced,
-    inside the amortisation horizon and without a change point since, undoes that rewrite
-    before it could have paid for its restart (each table's tiers look worse while it runs:
-    its own windows price them, the other table's are priced from the fixed profiles)."""
+    """decide's no-flap rule for a table: a rewrite back to the rule the last rewrite (or the
+    rollback of a failed one) replaced at the batch size now, inside the amortisation horizon
+    and without a change point since, undoes that rewrite before it could have paid for its
+    restart (each table's tiers look worse while it runs: its own windows price them, the other
+    table's are priced from the fixed profiles). The rule at the batch size now, not the whole
+    table: a rewrite is priced there, and candidates written minutes apart differ at other
+    batch sizes (a random MoE day: one stream's tier went 7 -> 5 -> 7 -> 5 within the hour,
+    each rewrite priced 7-13% up, in tables that differed elsewhere)."""
     t = run.get("rewritten_s")
-    if t is None or run.get("previous") is None:
+    if t is None or run.get("previous") is None or run.get("candidate") is None:
         return False
-    if run["candidate"] != run["previous"] or now_s - float(t) >= s.amortisation_horizon_s:
+    if now_s - float(t) >= s.amortisation_horizon_s:
         return False
-    return not (state.last_change_s is not None and state.last_change_s > float(t))
+    if state.last_change_s is not None and state.last_change_s > float(t):
+        return False
+    b = state.model.batch_for(state.running)
+    if b is None:
+        return run["candidate"] == run["previous"]
+    new, old = parse_table(run["candidate"]), parse_table(run["previous"])
+    n = max(round(b), 1)
+    return bool(new[route(new, n, None)] == old[route(old, n, None)])
+
+
+def undo_rewrite(state: PolicyState, now_s: float, diag: dict[str, Any]) -> bool:
+    """The trial of a rewritten table failed: the rollback relaunches the running profile with
+    the table that rewrite replaced, marked in `diag` as a rewrite (the shells restart the
+    running profile only for one: without it the failed table went on serving, and the
+    rollback's switch only expired), and the failed table becomes the one a rewrite would flap
+    back to. False when the running profile's last launch was no rewrite."""
+    hs = state.hybrid
+    if hs is None:
+        return False
+    t = hs.tables.get(state.running)
+    if t is None or t.get("previous") is None or t.get("reason") != "rewrite":
+        return False
+    t["previous"], t["table"], t["candidate"] = t["table"], t["previous"], None
+    t["t_s"], t["reason"], t["rewritten_s"] = float(now_s), "rollback", float(now_s)
+    hs.events.append(
+        {
+            "t_s": float(now_s),
+            "profile": state.running,
+            "table": t["table"],
+            "estimates": {},
+            "reason": "rollback",
+        }
+    )
+    del hs.events[:-MAX_EVENTS]
+    state.long_run.cache = None
+    diag[REWRITE_KEY] = True
+    return True
 
 
 def _hold(now_s: float, state: PolicyState, reason: Reason, diag: dict[str, Any]) -> Decision:

@@ -339,6 +339,21 @@ def test_a_correction_against_a_continued_line_does_not_price_other_batch_sizes(
     assert "eagle3-hybrid" not in [s.to_profile for s in four]
 
 
+@pytest.mark.slow
+@LONG
+def test_a_failed_table_rewrite_is_rolled_back_and_not_redone() -> None:
+    """stress a17: three MoE working days with an adaptive profile. At one stream its table was
+    rewritten and the trial failed, over and over (31 restarts of the adaptive profile), the
+    failed table serving on after each rollback. Rolled back to the table it replaced, and no
+    rewrite back to the rule replaced inside the horizon, it serves more than 5-step alone
+    (before: 0.94 of it)."""
+    sc = _stress("a17-diurnal-table-rollback")
+    rep = replay(sc, SpecpilotHybrid())
+    rewrites = [s for s in rep.switches if s.from_profile == s.to_profile == "eagle3-hybrid"]
+    assert len(rewrites) <= 12
+    assert rep.tokens > replay(sc, Static("eagle3-5step")).tokens
+
+
 def test_a_failed_trial_is_not_retried_on_the_same_estimates() -> None:
     """stress a16 (three replicas): 3-step's trial failed and the fleet went back to 5-step;
     with no change point since, it is not switched into again (it was, 20 minutes later)."""

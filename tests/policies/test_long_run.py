@@ -6,6 +6,7 @@ rewrite of the running adaptive profile happens only when rewrite_pays says so."
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 
@@ -487,3 +488,60 @@ def test_one_chain_leaves_the_seed_table_unpriced_and_worth_exploring() -> None:
     hybrid_decide.refresh_tables(st, t + S.hybrid_regen_interval_s, S)
     assert st.hybrid is not None and st.hybrid.tables["hybrid"]["table"] != seed
     assert hybrid_decide.predict(st, HYB, LOW, S) is not None
+
+
+def test_a_rewrite_undone_at_the_batch_size_now_is_a_flap_whatever_else_differs() -> None:
+    """Candidates written minutes apart differ at batch sizes other than the one served (a
+    random MoE day: one stream's tier went 7 -> 5 -> 7 -> 5 within the hour, in tables that
+    differed elsewhere): a candidate that runs, at the batch size now, the rule the last
+    rewrite replaced there undoes it, whatever it does at other batch sizes."""
+    st, _syn, t = _hybrid_state(8, seed_table((2,)))
+    hs = st.hybrid
+    assert hs is not None
+    hybrid_decide.refresh_tables(st, t, S)
+    old = hs.tables["hybrid"]["table"]
+    d = hybrid_decide.long_run(st, t, S, {})
+    assert d is not None and hybrid_decide.rewrites_table(d)
+    run = hs.tables["hybrid"]
+    later = t + 0.5 * S.amortisation_horizon_s
+    elsewhere = copy.deepcopy(old)
+    top = max(elsewhere, key=int)
+    assert int(top) > 8
+    elsewhere[top]["candidate_steps"] = [5]
+    run["candidate"] = elsewhere
+    assert hybrid_decide._rewrite_flaps(st, run, later, S)
+
+
+def test_a_failed_rewrite_is_rolled_back_to_the_table_it_replaced() -> None:
+    """The trial of a rewritten table fails: the rollback relaunches the running profile with
+    the table the rewrite replaced (marked as a rewrite, the only restart of the running
+    profile the shells make; before, the failed table went on serving and the rollback's switch
+    expired), and a rewrite back to the failed table is then a flap."""
+    st, _syn, t = _hybrid_state(8, seed_table((2,)))
+    hs = st.hybrid
+    assert hs is not None
+    hybrid_decide.refresh_tables(st, t, S)
+    old = hs.tables["hybrid"]["table"]
+    d = hybrid_decide.long_run(st, t, S, {})
+    assert d is not None and hybrid_decide.rewrites_table(d)
+    new = hs.tables["hybrid"]["table"]
+    assert new != old
+    t += RESTART_S
+    st = on_switch_done(st, "hybrid", True, RESTART_S, t)
+    assert st.trial is not None
+    # The rewritten table serves far below its prediction (a cost the model did not see).
+    slow = Synth(cost=Cost(per_tok_s=0.003), seed=34)
+    out = None
+    for _ in range(S.trial.max_windows + S.trial_warmup_windows):
+        t += 10.0
+        st, out = decide(st, _window(slow, HYB, t, 8), t, S, Overrides())
+        if out.action is Action.SWITCH:
+            break
+    assert out is not None and out.action is Action.SWITCH, out
+    assert out.reason is Reason.ROLLBACK_TRIAL_FAILED and out.profile == "hybrid"
+    assert hybrid_decide.rewrites_table(out)
+    run = hs.tables["hybrid"]
+    assert run["table"] == old and run["previous"] == new
+    assert [e["reason"] for e in hs.events][-1] == "rollback"
+    run["candidate"] = new
+    assert hybrid_decide._rewrite_flaps(st, run, t + 60.0, S)
