@@ -1130,21 +1130,36 @@ def undo_rewrite(state: PolicyState, now_s: float, diag: dict[str, Any]) -> bool
     t = hs.tables.get(state.running)
     if t is None or t.get("previous") is None or t.get("reason") != "rewrite":
         return False
-    t["previous"], t["table"], t["candidate"] = t["table"], t["previous"], None
-    t["t_s"], t["reason"], t["rewritten_s"] = float(now_s), "rollback", float(now_s)
+    _relaunch(state, hs, t, t["previous"], now_s, "rollback", diag)
+    return True
+
+
+def _relaunch(
+    state: PolicyState,
+    hs: HybridState,
+    t: dict[str, Any],
+    table: dict[str, Any],
+    now_s: float,
+    reason: str,
+    diag: dict[str, Any],
+) -> None:
+    """The running adaptive profile's next launch gets `table` (the table it has now becomes
+    `previous`), recorded as an event with `reason`, and `diag` carries the rewrite mark that
+    makes the shells restart the running profile."""
+    t["previous"], t["table"], t["candidate"] = t["table"], table, None
+    t["t_s"], t["reason"], t["rewritten_s"] = float(now_s), reason, float(now_s)
     hs.events.append(
         {
             "t_s": float(now_s),
             "profile": state.running,
-            "table": t["table"],
+            "table": table,
             "estimates": {},
-            "reason": "rollback",
+            "reason": reason,
         }
     )
     del hs.events[:-MAX_EVENTS]
     state.long_run.cache = None
     diag[REWRITE_KEY] = True
-    return True
 
 
 def _hold(now_s: float, state: PolicyState, reason: Reason, diag: dict[str, Any]) -> Decision:
@@ -1201,20 +1216,6 @@ def _rewrite(
     t = hs.tables[state.running]
     if _rewrite_flaps(state, t, now_s, s):
         return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
-    t["previous"], t["table"], t["candidate"] = t["table"], t["candidate"], None
-    t["t_s"], t["reason"] = float(now_s), "rewrite"
-    t["rewritten_s"] = float(now_s)
-    hs.events.append(
-        {
-            "t_s": float(now_s),
-            "profile": state.running,
-            "table": t["table"],
-            "estimates": {},
-            "reason": "rewrite",
-        }
-    )
-    del hs.events[:-MAX_EVENTS]
-    state.long_run.cache = None
-    diag[REWRITE_KEY] = True
+    _relaunch(state, hs, t, t["candidate"], now_s, "rewrite", diag)
     wall = wall_estimate(predicted, state.overhead.per_token_s()) if predicted else None
     return _switch(now_s, state, state.running, Reason.SWITCH_PREDICTED_GAIN, diag, predicted, wall)

@@ -212,7 +212,8 @@ def m001_initial(db: Database) -> None:
 @migrations()
 def m002_adaptive_tables(db: Database) -> None:
     # Append-only: every adaptive table specpilot generated for a hybrid profile (issue 10), with
-    # the estimates it came from and why it was written ("generated", "candidate", "rewrite").
+    # the estimates it came from and why it was written ("generated", "candidate", "rewrite",
+    # "rollback": a failed rewrite's table replaced by the one it had replaced).
     db["adaptive_tables"].create(
         {
             "id": int,

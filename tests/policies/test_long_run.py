@@ -290,12 +290,9 @@ def test_a_table_rewrite_happens_only_when_rewrite_pays() -> None:
     assert hybrid_decide.long_run(st_same, t, S, {}) is None
 
 
-def test_a_rewrite_back_to_the_table_just_replaced_is_a_flap() -> None:
-    """A -> B -> A for tables (the stress scenario u1: each table's tiers look worse while it
-    runs, priced by its own windows, so the other looked better every half hour, 10 rewrites
-    on MoE): inside the amortisation horizon and without a change point since the rewrite, a
-    candidate equal to the table the rewrite replaced is refused (HOLD_NO_FLAP); after the
-    horizon, or after a change point, it is weighed as any rewrite."""
+def _rewritten() -> tuple[PolicyState, hybrid_decide.HybridState, float, dict[str, object]]:
+    """_hybrid_state at 8 streams on a 2-step-everywhere table, its table rewritten: the state,
+    its hybrid state, the time and the table the rewrite replaced."""
     st, _syn, t = _hybrid_state(8, seed_table((2,)))
     hs = st.hybrid
     assert hs is not None
@@ -303,6 +300,16 @@ def test_a_rewrite_back_to_the_table_just_replaced_is_a_flap() -> None:
     old = hs.tables["hybrid"]["table"]
     d = hybrid_decide.long_run(st, t, S, {})
     assert d is not None and hybrid_decide.rewrites_table(d)
+    return st, hs, t, old
+
+
+def test_a_rewrite_back_to_the_table_just_replaced_is_a_flap() -> None:
+    """A -> B -> A for tables (the stress scenario u1: each table's tiers look worse while it
+    runs, priced by its own windows, so the other looked better every half hour, 10 rewrites
+    on MoE): inside the amortisation horizon and without a change point since the rewrite, a
+    candidate equal to the table the rewrite replaced is refused (HOLD_NO_FLAP); after the
+    horizon, or after a change point, it is weighed as any rewrite."""
+    st, hs, t, old = _rewritten()
     run = hs.tables["hybrid"]
     assert run["previous"] == old and run["rewritten_s"] == t
     run["candidate"] = old  # the estimates now say the old table again
@@ -495,13 +502,7 @@ def test_a_rewrite_undone_at_the_batch_size_now_is_a_flap_whatever_else_differs(
     random MoE day: one stream's tier went 7 -> 5 -> 7 -> 5 within the hour, in tables that
     differed elsewhere): a candidate that runs, at the batch size now, the rule the last
     rewrite replaced there undoes it, whatever it does at other batch sizes."""
-    st, _syn, t = _hybrid_state(8, seed_table((2,)))
-    hs = st.hybrid
-    assert hs is not None
-    hybrid_decide.refresh_tables(st, t, S)
-    old = hs.tables["hybrid"]["table"]
-    d = hybrid_decide.long_run(st, t, S, {})
-    assert d is not None and hybrid_decide.rewrites_table(d)
+    st, hs, t, old = _rewritten()
     run = hs.tables["hybrid"]
     later = t + 0.5 * S.amortisation_horizon_s
     elsewhere = copy.deepcopy(old)
@@ -517,13 +518,7 @@ def test_a_failed_rewrite_is_rolled_back_to_the_table_it_replaced() -> None:
     the table the rewrite replaced (marked as a rewrite, the only restart of the running
     profile the shells make; before, the failed table went on serving and the rollback's switch
     expired), and a rewrite back to the failed table is then a flap."""
-    st, _syn, t = _hybrid_state(8, seed_table((2,)))
-    hs = st.hybrid
-    assert hs is not None
-    hybrid_decide.refresh_tables(st, t, S)
-    old = hs.tables["hybrid"]["table"]
-    d = hybrid_decide.long_run(st, t, S, {})
-    assert d is not None and hybrid_decide.rewrites_table(d)
+    st, hs, t, old = _rewritten()
     new = hs.tables["hybrid"]["table"]
     assert new != old
     t += RESTART_S
