@@ -127,9 +127,11 @@ async def test_start_failure_reports_the_journal(make: Factory) -> None:
 
 
 async def test_crash_is_detected(make: Factory) -> None:
-    act, _ = make(extra_flags=["--sim-fault-crash-after-s", "0.3"])
+    # The crash timer runs from the process's start: 2 s leave the start (well under a second
+    # idle) room to finish on a loaded machine, where 0.3 s sometimes did not.
+    act, _ = make(extra_flags=["--sim-fault-crash-after-s", "2.0"])
     assert (await act.start("baseline")).outcome is SwitchOutcome.OK
-    for _ in range(100):
+    for _ in range(200):
         if not await act.alive():
             break
         await asyncio.sleep(0.05)
