@@ -141,12 +141,14 @@ async def test_hang_at_start_hits_the_deadline_and_is_killed(tmp_path: Path, mak
 
 
 async def test_crash_is_detected(tmp_path: Path, make: Factory) -> None:
-    s = settings(tmp_path, extra_flags=["--sim-fault-crash-after-s", "0.3"])
+    # The crash timer runs from the process's start: 2 s leave the start room to finish on a
+    # loaded machine (the systemd actuator's twin of this test failed so at 0.3 s).
+    s = settings(tmp_path, extra_flags=["--sim-fault-crash-after-s", "2.0"])
     act = make(s)
     r = await act.start("baseline")
     assert r.outcome is SwitchOutcome.OK, r.error
     pid = (await act.probe()).pid
-    for _ in range(100):
+    for _ in range(200):
         if not await act.alive():
             break
         await asyncio.sleep(0.05)
