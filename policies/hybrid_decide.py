@@ -1123,12 +1123,14 @@ def undo_rewrite(state: PolicyState, now_s: float, diag: dict[str, Any]) -> bool
     the table that rewrite replaced, marked in `diag` as a rewrite (the shells restart the
     running profile only for one: without it the failed table went on serving, and the
     rollback's switch only expired), and the failed table becomes the one a rewrite would flap
-    back to. False when the running profile's last launch was no rewrite."""
+    back to. A failed trial of the running profile is always a rewrite's (only a rewrite
+    restarts it with a trial), so `previous` is its table; `reason` is not read, as a candidate
+    written during the trial overwrites it. False with no table to go back to."""
     hs = state.hybrid
     if hs is None:
         return False
     t = hs.tables.get(state.running)
-    if t is None or t.get("previous") is None or t.get("reason") != "rewrite":
+    if t is None or t.get("previous") is None:
         return False
     _relaunch(state, hs, t, t["previous"], now_s, "rollback", diag)
     return True
