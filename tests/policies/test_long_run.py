@@ -513,17 +513,25 @@ def test_a_rewrite_undone_at_the_batch_size_now_is_a_flap_whatever_else_differs(
     assert hybrid_decide._rewrite_flaps(st, run, later, S)
 
 
-def test_a_failed_rewrite_is_rolled_back_to_the_table_it_replaced() -> None:
+@pytest.mark.parametrize("candidate_during_trial", [False, True])
+def test_a_failed_rewrite_is_rolled_back_to_the_table_it_replaced(
+    candidate_during_trial: bool,
+) -> None:
     """The trial of a rewritten table fails: the rollback relaunches the running profile with
     the table the rewrite replaced (marked as a rewrite, the only restart of the running
     profile the shells make; before, the failed table went on serving and the rollback's switch
-    expired), and a rewrite back to the failed table is then a flap."""
+    expired), and a rewrite back to the failed table is then a flap. So also when a candidate
+    was written while the trial ran (refresh_tables then sets the table's last reason to
+    "candidate": the rollback must not depend on it)."""
     st, hs, t, old = _rewritten()
     new = hs.tables["hybrid"]["table"]
     assert new != old
     t += RESTART_S
     st = on_switch_done(st, "hybrid", True, RESTART_S, t)
     assert st.trial is not None
+    if candidate_during_trial:
+        hs.tables["hybrid"]["candidate"] = seed_table((5,))
+        hs.tables["hybrid"]["reason"] = "candidate"
     # The rewritten table serves far below its prediction (a cost the model did not see).
     slow = Synth(cost=Cost(per_tok_s=0.003), seed=34)
     out = None
