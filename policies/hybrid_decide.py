@@ -84,6 +84,8 @@ MAX_EVENTS = 20
 # The diagnostics key of a switch to the running adaptive profile that restarts it only to
 # rewrite its table (read through rewrites_table).
 REWRITE_KEY = "adaptive_table_rewrite"
+# Failed rewrite trials remembered per adaptive profile (the rules refused until a model change).
+MAX_FAILED_TABLES = 8
 # A bucket of the batch-size histogram counts as a regime of its own from this share of the
 # observed time: below it, the traffic is one regime with noise and decide's own rule applies.
 MIN_REGIME_SHARE = 0.1
@@ -134,7 +136,8 @@ class HybridState:
     """Tables of the adaptive profiles (JSON-serialisable)."""
 
     # profile -> {"table", "managed", "running_table", "candidate", "t_s", "reason"; after a
-    # rewrite also "previous" (the table it replaced) and "rewritten_s"}
+    # rewrite also "previous" (the table it replaced) and "rewritten_s"; after a failed rewrite
+    # trial also "failed": [{"t_s", "batch", "table"}], the last MAX_FAILED_TABLES of them}
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     last_regen_s: float | None = None
     regen_key: str | None = None
@@ -937,7 +940,12 @@ def long_run(
     lr_h = active_horizon(state, now_s, s)
     active = lr_h is not None
     run = hs.tables.get(state.running) if hs is not None else None
-    rewrite = run is not None and run["managed"] and run["candidate"] is not None
+    rewrite = (
+        run is not None
+        and run["managed"]
+        and run["candidate"] is not None
+        and not _rewrite_failed_here(state, run, diag)
+    )
     if not active and not rewrite:
         lr.cache = None
         return None
@@ -1113,9 +1121,36 @@ def _rewrite_flaps(
     b = state.model.batch_for(state.running)
     if b is None:
         return run["candidate"] == run["previous"]
-    new, old = parse_table(run["candidate"]), parse_table(run["previous"])
-    n = max(round(b), 1)
-    return bool(new[route(new, n, None)] == old[route(old, n, None)])
+    return bool(_rule_at(run["candidate"], b) == _rule_at(run["previous"], b))
+
+
+def _rule_at(table: Mapping[str, Any], batch: float) -> Any:
+    """The rule `table` runs a batch of `batch` sequences with."""
+    slots = parse_table(table)
+    return slots[route(slots, max(round(batch), 1), None)]
+
+
+def _rewrite_failed_here(state: PolicyState, run: Mapping[str, Any], diag: dict[str, Any]) -> bool:
+    """Whether the candidate runs, at the batch size now, the rule of a table whose trial failed
+    at this batch size (its bucket) with no change in acceptance or cycle time since. The trial
+    measured that rule here, and a trial fails in a few windows, too few for the self-correction
+    to hold what it measured: without this, the same rewrite was priced up again once the no-flap
+    horizon passed and failed again, by the hour (stress a17: three failed trials in one night,
+    two of them of the same rule). A failed rule is tried again after a change in the model,
+    never on a timer."""
+    b = state.model.batch_for(state.running)
+    cand = run.get("candidate")
+    if b is None or cand is None:
+        return False
+    rule = _rule_at(cand, b)
+    changed = state.last_model_change_s
+    for f in run.get("failed", []):
+        if changed is not None and changed > float(f["t_s"]):
+            continue
+        if batch_bucket(float(f["batch"])) == batch_bucket(b) and _rule_at(f["table"], b) == rule:
+            diag["rewrite_failed_here"] = True
+            return True
+    return False
 
 
 def undo_rewrite(state: PolicyState, now_s: float, diag: dict[str, Any]) -> bool:
@@ -1132,6 +1167,10 @@ def undo_rewrite(state: PolicyState, now_s: float, diag: dict[str, Any]) -> bool
     t = hs.tables.get(state.running)
     if t is None or t.get("previous") is None:
         return False
+    b = state.model.batch_for(state.running)
+    if b is not None:
+        failed = [*t.get("failed", []), {"t_s": float(now_s), "batch": b, "table": t["table"]}]
+        t["failed"] = failed[-MAX_FAILED_TABLES:]
     _relaunch(state, hs, t, t["previous"], now_s, "rollback", diag)
     return True
 

@@ -24,7 +24,7 @@ from policies.decide import (
 )
 from policies.hybrid import rewrite_pays, seed_table
 from policies.overhead import wall_estimate
-from policies.types import Action, Observation, Overrides, ProfileSpec, Reason
+from policies.types import Action, Decision, Observation, Overrides, ProfileSpec, Reason
 from tests.policies.driver import SPECS, Driver
 from tests.policies.synth import PROFILES, Cost, Synth
 
@@ -513,19 +513,13 @@ def test_a_rewrite_undone_at_the_batch_size_now_is_a_flap_whatever_else_differs(
     assert hybrid_decide._rewrite_flaps(st, run, later, S)
 
 
-@pytest.mark.parametrize("candidate_during_trial", [False, True])
-def test_a_failed_rewrite_is_rolled_back_to_the_table_it_replaced(
-    candidate_during_trial: bool,
-) -> None:
-    """The trial of a rewritten table fails: the rollback relaunches the running profile with
-    the table the rewrite replaced (marked as a rewrite, the only restart of the running
-    profile the shells make; before, the failed table went on serving and the rollback's switch
-    expired), and a rewrite back to the failed table is then a flap. So also when a candidate
-    was written while the trial ran (refresh_tables then sets the table's last reason to
-    "candidate": the rollback must not depend on it)."""
-    st, hs, t, old = _rewritten()
+def _failed_rewrite(
+    candidate_during_trial: bool = False,
+) -> tuple[PolicyState, hybrid_decide.HybridState, float, dict[str, object], Decision]:
+    """_rewritten, its rewritten table's trial failed: the state, its hybrid state, the time,
+    the table that failed and the decision that rolled it back."""
+    st, hs, t, _old = _rewritten()
     new = hs.tables["hybrid"]["table"]
-    assert new != old
     t += RESTART_S
     st = on_switch_done(st, "hybrid", True, RESTART_S, t)
     assert st.trial is not None
@@ -540,7 +534,24 @@ def test_a_failed_rewrite_is_rolled_back_to_the_table_it_replaced(
         st, out = decide(st, _window(slow, HYB, t, 8), t, S, Overrides())
         if out.action is Action.SWITCH:
             break
-    assert out is not None and out.action is Action.SWITCH, out
+    assert out is not None
+    return st, hs, t, new, out
+
+
+@pytest.mark.parametrize("candidate_during_trial", [False, True])
+def test_a_failed_rewrite_is_rolled_back_to_the_table_it_replaced(
+    candidate_during_trial: bool,
+) -> None:
+    """The trial of a rewritten table fails: the rollback relaunches the running profile with
+    the table the rewrite replaced (marked as a rewrite, the only restart of the running
+    profile the shells make; before, the failed table went on serving and the rollback's switch
+    expired), and a rewrite back to the failed table is then a flap. So also when a candidate
+    was written while the trial ran (refresh_tables then sets the table's last reason to
+    "candidate": the rollback must not depend on it)."""
+    old = _rewritten()[3]
+    st, hs, t, new, out = _failed_rewrite(candidate_during_trial)
+    assert new != old
+    assert out.action is Action.SWITCH, out
     assert out.reason is Reason.ROLLBACK_TRIAL_FAILED and out.profile == "hybrid"
     assert hybrid_decide.rewrites_table(out)
     run = hs.tables["hybrid"]
@@ -548,3 +559,32 @@ def test_a_failed_rewrite_is_rolled_back_to_the_table_it_replaced(
     assert [e["reason"] for e in hs.events][-1] == "rollback"
     run["candidate"] = new
     assert hybrid_decide._rewrite_flaps(st, run, t + 60.0, S)
+
+
+def test_a_rule_whose_trial_failed_here_is_not_tried_again_until_the_model_changes() -> None:
+    """Stress a17 (MoE working days): a failed trial's few windows are too few for the
+    self-correction to hold what they measured, so once the no-flap horizon passed the same
+    rewrite was priced up again and failed again, by the hour. A candidate that runs, at the
+    batch size now, the rule whose trial failed at this batch size is not weighed (decide's own
+    rule applies) until a change in acceptance or cycle time; at another batch size it is."""
+    st, hs, t, new, out = _failed_rewrite()
+    assert out.reason is Reason.ROLLBACK_TRIAL_FAILED
+    run = hs.tables["hybrid"]
+    failed = run["failed"][-1]
+    assert failed["table"] == new and failed["t_s"] == t
+    run["candidate"] = new
+    later = t + 2.0 * S.amortisation_horizon_s
+    assert not hybrid_decide._rewrite_flaps(st, run, later, S)  # past the no-flap horizon
+    hs.last_look_s = later  # no new candidate: the estimates still say the failed table
+    diag: dict = {}
+    d = hybrid_decide.long_run(st, later, S, diag)
+    assert d is None or not hybrid_decide.rewrites_table(d)
+    assert diag["rewrite_failed_here"]
+    # Failed at another batch size: no evidence here.
+    failed["batch"] = 64.0
+    assert not hybrid_decide._rewrite_failed_here(st, run, {})
+    failed["batch"] = 8.0
+    assert hybrid_decide._rewrite_failed_here(st, run, {})
+    # The model changed since the trial: weighed again.
+    st.last_model_change_s = t + 60.0
+    assert not hybrid_decide._rewrite_failed_here(st, run, {})
