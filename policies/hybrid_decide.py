@@ -52,6 +52,7 @@ from policies.hybrid import (
     AcceptModel,
     CycleFn,
     LogRatio,
+    SlotRule,
     accept_model_from,
     adaptive_breakdown,
     corrected_cycle,
@@ -1124,7 +1125,7 @@ def _rewrite_flaps(
     return bool(_rule_at(run["candidate"], b) == _rule_at(run["previous"], b))
 
 
-def _rule_at(table: Mapping[str, Any], batch: float) -> Any:
+def _rule_at(table: Mapping[str, Any], batch: float) -> SlotRule:
     """The rule `table` runs a batch of `batch` sequences with."""
     slots = parse_table(table)
     return slots[route(slots, max(round(batch), 1), None)]
@@ -1140,16 +1141,20 @@ def _rewrite_failed_here(state: PolicyState, run: Mapping[str, Any], diag: dict[
     never on a timer."""
     b = state.model.batch_for(state.running)
     cand = run.get("candidate")
-    if b is None or cand is None:
-        return False
-    rule = _rule_at(cand, b)
     changed = state.last_model_change_s
-    for f in run.get("failed", []):
-        if changed is not None and changed > float(f["t_s"]):
-            continue
-        if batch_bucket(float(f["batch"])) == batch_bucket(b) and _rule_at(f["table"], b) == rule:
-            diag["rewrite_failed_here"] = True
-            return True
+    here = [
+        f["table"]
+        for f in run.get("failed", [])
+        if (changed is None or changed <= float(f["t_s"]))
+        and b is not None
+        and batch_bucket(float(f["batch"])) == batch_bucket(b)
+    ]
+    if not here or cand is None or b is None:
+        return False  # checked every tick: tables are parsed only where a trial failed here
+    rule = _rule_at(cand, b)
+    if any(_rule_at(table, b) == rule for table in here):
+        diag["rewrite_failed_here"] = True
+        return True
     return False
 
 

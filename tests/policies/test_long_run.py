@@ -513,12 +513,16 @@ def test_a_rewrite_undone_at_the_batch_size_now_is_a_flap_whatever_else_differs(
     assert hybrid_decide._rewrite_flaps(st, run, later, S)
 
 
-def _failed_rewrite(
-    candidate_during_trial: bool = False,
-) -> tuple[PolicyState, hybrid_decide.HybridState, float, dict[str, object], Decision]:
+FailedRewrite = tuple[
+    PolicyState, hybrid_decide.HybridState, float, dict[str, object], dict[str, object], Decision
+]
+
+
+def _failed_rewrite(candidate_during_trial: bool = False) -> FailedRewrite:
     """_rewritten, its rewritten table's trial failed: the state, its hybrid state, the time,
-    the table that failed and the decision that rolled it back."""
-    st, hs, t, _old = _rewritten()
+    the table the rewrite replaced, the table that failed and the decision that rolled it
+    back."""
+    st, hs, t, old = _rewritten()
     new = hs.tables["hybrid"]["table"]
     t += RESTART_S
     st = on_switch_done(st, "hybrid", True, RESTART_S, t)
@@ -535,7 +539,7 @@ def _failed_rewrite(
         if out.action is Action.SWITCH:
             break
     assert out is not None
-    return st, hs, t, new, out
+    return st, hs, t, old, new, out
 
 
 @pytest.mark.parametrize("candidate_during_trial", [False, True])
@@ -548,8 +552,7 @@ def test_a_failed_rewrite_is_rolled_back_to_the_table_it_replaced(
     expired), and a rewrite back to the failed table is then a flap. So also when a candidate
     was written while the trial ran (refresh_tables then sets the table's last reason to
     "candidate": the rollback must not depend on it)."""
-    old = _rewritten()[3]
-    st, hs, t, new, out = _failed_rewrite(candidate_during_trial)
+    st, hs, t, old, new, out = _failed_rewrite(candidate_during_trial)
     assert new != old
     assert out.action is Action.SWITCH, out
     assert out.reason is Reason.ROLLBACK_TRIAL_FAILED and out.profile == "hybrid"
@@ -567,7 +570,7 @@ def test_a_rule_whose_trial_failed_here_is_not_tried_again_until_the_model_chang
     rewrite was priced up again and failed again, by the hour. A candidate that runs, at the
     batch size now, the rule whose trial failed at this batch size is not weighed (decide's own
     rule applies) until a change in acceptance or cycle time; at another batch size it is."""
-    st, hs, t, new, out = _failed_rewrite()
+    st, hs, t, _old, new, out = _failed_rewrite()
     assert out.reason is Reason.ROLLBACK_TRIAL_FAILED
     run = hs.tables["hybrid"]
     failed = run["failed"][-1]
