@@ -25,7 +25,9 @@ of what a run reveals (for a chain, a deeper chain reveals every shallower one b
 beats its expected cost, weighed once per regime and information state: re-exploration follows
 detected changes, never a timer (the value of information grows with the expected remaining
 regime, which grows with its age, so a value weighed again every tick would end up beating any
-cost without anything having changed).
+cost without anything having changed). A predicted gain that does not repay its restart (or
+waits out a possible burst) holds only when no such exploration pays; past it only fixed
+profiles are weighed.
 
 Predicted tok/s are over wall time: the cycle model's decode rate r = B x E[L] / T(B) and the
 non-decode seconds per decode token p learned from the windows (policies/overhead.py) give
@@ -1416,6 +1418,11 @@ def _choose(
         if best is None or net > best[0]:
             best = (net, name, gain, margin, r)
 
+    # A predicted gain that does not repay its restart (or waits out a possible burst) holds
+    # with this reason unless an exploration pays: a small sure gain must not keep a larger
+    # unknown one from being weighed (stress a12: 6-step's gain, short of a 10-minute restart,
+    # ended the decision, and 3-step, never run and priced 27% higher, was never tried).
+    held: Reason | None = None
     if best is not None:
         net, name, gain, margin, r = best
         diag.update(best=name, gain_tok_s=gain, margin_tok_s=margin, restart_s=r, net_tokens=net)
@@ -1439,26 +1446,28 @@ def _choose(
                 )
                 if back > 0:
                     diag["return_cost_tokens"] = back
-                    if net - back <= 0:
-                        return _hold(now_s, state, Reason.HOLD_WITHIN_MARGIN, diag)
-                if _is_flap(state, name, now_s, s):
-                    return _hold(now_s, state, Reason.HOLD_NO_FLAP, diag)
-                if budget_exhausted(state, now_s, s):
+                if back > 0 and net - back <= 0:
+                    held = Reason.HOLD_WITHIN_MARGIN
+                elif _is_flap(state, name, now_s, s):
+                    held = Reason.HOLD_NO_FLAP
+                elif budget_exhausted(state, now_s, s):
                     return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
-                target, target_decode = preds[name].tok_s, decode[name].tok_s
-                assert target is not None and target_decode is not None
-                return _switch(
-                    now_s,
-                    state,
-                    name,
-                    Reason.SWITCH_PREDICTED_GAIN,
-                    diag,
-                    target_decode,
-                    target,
-                )
-            if young or horizon < 2.0 * r:
-                return _hold(now_s, state, Reason.HOLD_BURST, diag)
-            return _hold(now_s, state, Reason.HOLD_WITHIN_MARGIN, diag)
+                else:
+                    target, target_decode = preds[name].tok_s, decode[name].tok_s
+                    assert target is not None and target_decode is not None
+                    return _switch(
+                        now_s,
+                        state,
+                        name,
+                        Reason.SWITCH_PREDICTED_GAIN,
+                        diag,
+                        target_decode,
+                        target,
+                    )
+            elif young or horizon < 2.0 * r:
+                held = Reason.HOLD_BURST
+            else:
+                held = Reason.HOLD_WITHIN_MARGIN
 
     if s.explore:
         # What a run reveals is worth something over the rest of the regime. A regime that began
@@ -1469,11 +1478,19 @@ def _choose(
         if state.last_change_s is not None:
             h_explore = min(h_explore, age)
         diag["explore_horizon_s"] = h_explore
-        pick = _exploration(state, preds, cur, h_explore, age, blocked_profiles, now_s, s, diag)
+        # Past a held gain, only fixed profiles: an adaptive profile explored there and found
+        # worse keeps its model's spread, and the margin it sets held it for hours (shipped
+        # reboot-midday, specpilot_hybrid -4.4%).
+        skip = {p.name for p in state.profiles if p.adaptive} if held is not None else set()
+        pick = _exploration(
+            state, preds, cur, h_explore, age, blocked_profiles | skip, now_s, s, diag
+        )
         if pick is not None:
             if budget_exhausted(state, now_s, s, round_trip=True):
                 return _hold(now_s, state, Reason.HOLD_BUDGET, diag)
             return _switch(now_s, state, pick, Reason.EXPLORE, diag)
+    if held is not None:
+        return _hold(now_s, state, held, diag)
 
     best_name = max(
         (n for n, p in preds.items() if p.tok_s is not None and not p.bound),

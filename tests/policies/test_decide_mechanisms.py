@@ -534,3 +534,54 @@ def test_a_change_in_acceptance_leaves_step_times_fresh_and_one_in_cycle_time_ac
     for name in ("baseline", "eagle2", "eagle5"):
         assert "stale" in cyc[name].source
         assert cyc[name].accept_length == fresh[name].accept_length
+
+
+def test_a_gain_too_small_to_repay_its_restart_leaves_exploration_to_be_weighed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stress a12: baseline runs at 100 tok/s; 5-step, run before, is predicted 4% above it,
+    a gain over the switch margin that does not repay a restart in the regime expected; 2-step,
+    never run, is priced 15% above with a wide band. The small sure gain holds no switch, and it
+    must not end the decision before the exploration of 2-step is weighed (it ended it: 3-step
+    was never tried on a12, 0.862 of oracle_dp)."""
+    import policies.decide as dm
+
+    st = initial_state(PROFILES, "baseline", 0.0, S)
+    st.tried |= {"eagle5"}
+    now = 7200.0
+    crafted = {
+        "baseline": Estimate(100.0, 99.0, 101.0, 100),
+        "eagle5": Estimate(104.0, 103.0, 105.0, 100),
+        "eagle2": Estimate(115.0, 90.0, 140.0, 10),
+    }
+    monkeypatch.setattr(
+        dm,
+        "_decode_predictions",
+        lambda state, widen: [ProfilePrediction(n, e) for n, e in crafted.items()],
+    )
+    st, d = dm._choose(st, now, S, diag := {})
+    assert diag["best"] == "eagle5" and diag["gain_tok_s"] > diag["margin_tok_s"]
+    assert diag["net_tokens"] < 0  # the sure gain does not repay its restart
+    assert d.action is Action.SWITCH and d.reason is Reason.EXPLORE and d.profile == "eagle2"
+    # Without the untried profile the same gain holds, within the margin.
+    st2 = initial_state(PROFILES, "baseline", 0.0, S)
+    st2.tried |= {"eagle5", "eagle2"}
+    crafted["eagle2"] = Estimate(95.0, 94.0, 96.0, 100)
+    _, d2 = dm._choose(st2, now, S, {})
+    assert d2.action is Action.HOLD and d2.reason is Reason.HOLD_WITHIN_MARGIN
+    # Past a held gain an adaptive profile is not weighed: explored there and found worse, it
+    # keeps its model's spread, whose margin held it for hours (reboot-midday, -4.4%).
+    from tests.policies.test_hybrid_self_correction import HYB, TABLE
+
+    st3 = initial_state(
+        (*PROFILES, HYB), "baseline", 0.0, S, adaptive_tables={"hybrid": {"table": TABLE}}
+    )
+    st3.tried |= {"eagle5", "eagle2"}
+    crafted["hybrid"] = Estimate(115.0, 90.0, 140.0, 10)
+    _, d3 = dm._choose(st3, now, S, diag3 := {})
+    assert d3.action is Action.HOLD and d3.reason is Reason.HOLD_WITHIN_MARGIN
+    assert not any(k.endswith(".hybrid") and k.startswith("explore_") for k in diag3), diag3
+    # ... while with no gain held it is (it is the one profile never run).
+    crafted["eagle5"] = Estimate(95.0, 94.0, 96.0, 100)
+    _, d4 = dm._choose(st3, now, S, {})
+    assert d4.action is Action.SWITCH and d4.reason is Reason.EXPLORE and d4.profile == "hybrid"
