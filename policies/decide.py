@@ -982,9 +982,11 @@ def _record_switch(
 def _prior_dist(
     pred: ProfilePrediction | None, cur: float, s: PolicySettings
 ) -> tuple[str, float, float]:
-    """("norm", mean, sd) from a prediction; ("unif", low, high) over a bound (where in it the
+    """("norm", mean, sd) from a prediction; ("unif", low, high) over a bound or a price whose
+    accept length for a workload in the mix no chain has served (`unseen`: the other
+    workloads' level is its mean, anywhere from 1 to steps + 1 its interval; where in it the
     truth lies, nothing says), else around the running rate."""
-    if pred is not None and pred.tok_s is not None and pred.bound:
+    if pred is not None and pred.tok_s is not None and (pred.bound or pred.unseen):
         return "unif", pred.tok_s.low, max(pred.tok_s.high, pred.tok_s.low * (1 + 1e-9))
     if pred is not None and pred.tok_s is not None and math.isfinite(_sd(pred.tok_s)):
         return "norm", pred.tok_s.mean, max(_sd(pred.tok_s), 1e-9 * max(cur, 1.0))

@@ -226,6 +226,35 @@ def test_a_batch_size_served_once_is_not_new_again_when_its_data_fades() -> None
     assert rep.profile_at(sc.duration_s - 1.0) == "eagle3-5step"
 
 
+def test_a_chain_found_worse_on_one_workload_is_explored_on_a_workload_it_never_served() -> None:
+    """Later boot, baseline and 7-step (a random scenario's shape): two hours of 64 streams on
+    the default workload, where 7-step is explored and found at half baseline's rate, then
+    three hours of 16 streams on code, which no chain has served: 7-step's accept length for
+    it is the default workload's level, anywhere from 1 to 8, and its price a band, not a
+    normal around that level. It is explored and kept: 690 tok/s each static, baseline 484
+    (before, the price, centred at 222, never paid for a run)."""
+    sc = scenario_from_dict(
+        {
+            "name": "t",
+            "profile": "kimi-k2.5-pcie-later-boot",
+            "seed": 3,
+            "initial_profile": "baseline",
+            "profiles": ["baseline", "eagle3-7step"],
+            "profile_overrides": {"restart_s": 120},
+            "phases": [
+                {"duration_s": 7200, "concurrency": 64, "workloads": {"default": 1.0}},
+                {"duration_s": 10800, "concurrency": 16, "workloads": {"code": 1.0}},
+            ],
+        }
+    )
+    rep = replay(sc, Specpilot())
+    first = [(s.to_profile, s.reason) for s in rep.switches if s.t_s < 7200.0]
+    assert first == [("eagle3-7step", "explore"), ("baseline", "switch_predicted_gain")]
+    later = [(s.to_profile, s.reason) for s in rep.switches if s.t_s >= 7200.0]
+    assert later == [("eagle3-7step", "explore")]
+    assert rep.profile_at(sc.duration_s - 1.0) == "eagle3-7step"
+
+
 @functools.cache
 def _a8() -> tuple[Scenario, Replay]:
     """stress a8 replayed once with specpilot (two tests read it)."""
