@@ -770,6 +770,15 @@ class CycleTimeSurface:
         else:
             lo, hi = max(lo, y0 - reach), y0
         sampling = v0 + (svar * d * d if len(side) >= 2 else 0.0)
+        line = y0 + slope * d
+        if rise is None and not lo <= line <= hi:
+            # The line left the band: its guess, with half its growth as spread, held to the
+            # band, not clamped onto its edge (a random MoE day: 5-step, served at 48 streams
+            # only, read down to 1.5 at a slope borrowed from baseline, sat on the band's
+            # proportional edge, 20 ms against the 46 ms baseline's decode took at 2 streams,
+            # and 1-step, read off it, was switched to at 389 tok/s predicted; it served 37).
+            shape = slope * abs(d) / 2.0 / Z90
+            mean = _truncated_mean(line, sampling + shape * shape, lo, hi)
         return _Pred(min(max(mean, lo), hi), sampling, "extrapolated", lo, hi)
 
     def _curve_rise(self, profile: str, b0: float, batch: float) -> float | None:

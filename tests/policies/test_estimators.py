@@ -492,6 +492,27 @@ def test_a_prediction_disproved_by_an_upper_bound_alone_keeps_a_positive_step_ti
     assert e.low <= e.mean <= e.high
 
 
+def test_a_line_continued_below_every_served_batch_is_not_pinned_to_the_bands_edge() -> None:
+    """A random MoE day's state: baseline served 2 and 96 streams, 5-step 48 only. Read down to
+    1.5 streams, below every batch size served, at the slope borrowed from elsewhere, 5-step's
+    line falls below zero: clamped, its step time sat on the band's proportional edge (20 ms,
+    where baseline's decode took 46 ms at 2 streams), while at 2 streams, which baseline
+    served, the line's guess held to the band is 0.26 s. 1-step, read off 5-step at a third of
+    its tokens, was priced at a cycle of 8.5 ms at 2 streams and switched to (it served a tenth
+    of its price). The guess, with half its growth as spread, is now held to the band there
+    too: nowhere near its lower edge, and 1-step's cycle at 2 above baseline's decode step."""
+    e1 = ProfileSpec("eagle1", num_steps=1, draft_tokens=2, algorithm="EAGLE3")
+    surf = CycleTimeSurface([BASE, e1, E5], min_windows=3)
+    _feed_exact(surf, "baseline", lambda b: {2.0: 0.0465, 96.0: 0.5825}[b], (2.0, 96.0))
+    _feed_exact(surf, "eagle5", lambda b: 0.627, (48.0,))
+    for b in (1.0, 1.5):
+        e = surf.estimate("eagle5", b)
+        assert e is not None and e.low <= e.mean <= e.high
+        assert e.mean > 5.0 * e.low, (b, e)
+    one = surf.estimate("eagle1", 2.0)
+    assert one is not None and one.mean > 0.0465, one
+
+
 def test_a_boot_keeps_old_step_times_as_a_few_windows_at_most() -> None:
     """A profile that ran long holds hundreds of forgotten windows: a quarter of them would
     outweigh a new boot for half an hour. With max_windows the old level weighs as much as
