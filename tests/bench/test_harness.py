@@ -7,6 +7,7 @@ import functools
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,6 +131,25 @@ def test_windowed_replay_agrees_with_step_engine(
     assert windowed == pytest.approx(stepped, rel=0.01)
 
 
+def _chain_day(
+    profile: str, seed: int, initial: str, phases: list[tuple[int, int, str]], **over: Any
+) -> Scenario:
+    """Baseline and 7-step through (seconds, streams, the one workload) phases."""
+    return scenario_from_dict(
+        {
+            "name": "t",
+            "profile": profile,
+            "seed": seed,
+            "initial_profile": initial,
+            "profiles": ["baseline", "eagle3-7step"],
+            "phases": [
+                {"duration_s": d, "concurrency": c, "workloads": {w: 1.0}} for d, c, w in phases
+            ],
+            **over,
+        }
+    )
+
+
 def test_a_chain_is_explored_again_for_a_workload_no_chain_has_served() -> None:
     """scenarios/stress/a4-new-batch-size, shortened: 7-step served 16 streams of the default
     workload for five minutes (then baseline was explored and kept), and the traffic turns to
@@ -137,18 +157,8 @@ def test_a_chain_is_explored_again_for_a_workload_no_chain_has_served() -> None:
     anywhere in [1, 8], so only a run says what it is, and the rest of the regime repays one.
     specpilot explores it and stays (before, a chain already tried was not weighed again
     without a detected change of its own, and it served 40% less)."""
-    sc = scenario_from_dict(
-        {
-            "name": "t",
-            "profile": "kimi-k2.5-pcie-tuned",
-            "seed": 5,
-            "initial_profile": "eagle3-7step",
-            "profiles": ["baseline", "eagle3-7step"],
-            "phases": [
-                {"duration_s": 5400, "concurrency": 16, "workloads": {"default": 1.0}},
-                {"duration_s": 28800, "concurrency": 1, "workloads": {"math": 1.0}},
-            ],
-        }
+    sc = _chain_day(
+        "kimi-k2.5-pcie-tuned", 5, "eagle3-7step", [(5400, 16, "default"), (28800, 1, "math")]
     )
     rep = replay(sc, Specpilot())
     later = [s for s in rep.switches if s.t_s > 5400.0]
@@ -233,19 +243,12 @@ def test_a_chain_found_worse_on_one_workload_is_explored_on_a_workload_it_never_
     it is the default workload's level, anywhere from 1 to 8, and its price a band, not a
     normal around that level. It is explored and kept: 690 tok/s each static, baseline 484
     (before, the price, centred at 222, never paid for a run)."""
-    sc = scenario_from_dict(
-        {
-            "name": "t",
-            "profile": "kimi-k2.5-pcie-later-boot",
-            "seed": 3,
-            "initial_profile": "baseline",
-            "profiles": ["baseline", "eagle3-7step"],
-            "profile_overrides": {"restart_s": 120},
-            "phases": [
-                {"duration_s": 7200, "concurrency": 64, "workloads": {"default": 1.0}},
-                {"duration_s": 10800, "concurrency": 16, "workloads": {"code": 1.0}},
-            ],
-        }
+    sc = _chain_day(
+        "kimi-k2.5-pcie-later-boot",
+        3,
+        "baseline",
+        [(7200, 64, "default"), (10800, 16, "code")],
+        profile_overrides={"restart_s": 120},
     )
     rep = replay(sc, Specpilot())
     first = [(s.to_profile, s.reason) for s in rep.switches if s.t_s < 7200.0]
