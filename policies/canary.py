@@ -140,6 +140,13 @@ class CanaryVerdict:
     raw_tok_s_ratio: float | None  # canary / mean control replica, raw tok/s (for the record)
     running_ratio: float | None  # canary / mean control replica, requests in flight
 
+    @property
+    def unjudged(self) -> bool:
+        """Rolled back without a judgement: fewer than min_windows windows could be paired
+        (the canary's replica, or every other, carried no usable traffic) before its time ran
+        out. Not evidence that the candidate is worse."""
+        return self.why == "insufficient_windows"
+
     def to_dict(self) -> dict[str, float | int | str | None]:
         return {
             "verdict": self.verdict.value,

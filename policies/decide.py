@@ -845,16 +845,26 @@ def on_canary_started(state: PolicyState, profile: str) -> PolicyState:
     return state
 
 
-def on_canary_rejected(state: PolicyState, profile: str, now_s: float) -> PolicyState:
-    """A fleet rolled its canary of `profile` back: the profile is backed off as a failed start
-    is, and a pending switch to it is over. Nothing is rolled back: the deployment kept running
-    its profile, which did not restart (a failed start's rollback would take the next window of
-    it for a new boot). Updates `state` in place and returns it."""
+def on_canary_rejected(
+    state: PolicyState, profile: str, now_s: float, *, judged: bool = True
+) -> PolicyState:
+    """A fleet rolled its canary of `profile` back: a pending switch to it is over, and a
+    judged rejection (worse, no gain, or a canary that did not start) backs the profile off as
+    a failed start is. A canary rolled back unjudged (its time ran out before its replica, or
+    every other, carried enough traffic to compare: `judged` False) is no evidence against the
+    profile: nothing is backed off, and the estimates, holding whatever windows it served,
+    decide (a random fleet day: 7-step's canary started at four streams on two replicas, the
+    load fell to one stream, its replica idled out of time, and 7-step, predicted 30% above
+    the profile the fleet then ran, was held back for the hour). Nothing is rolled back: the
+    deployment kept running its profile, which did not restart (a failed start's rollback
+    would take the next window of it for a new boot). Updates `state` in place and returns
+    it."""
     if profile not in state.specs:
         raise ValueError(f"unknown profile {profile!r}")
     if state.pending is not None and state.pending["target"] == profile:
         state.pending = None
-    state.failed[profile] = float(now_s)
+    if judged:
+        state.failed[profile] = float(now_s)
     state.trial = None
     return state
 

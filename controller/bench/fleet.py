@@ -271,6 +271,7 @@ def fleet_replay(
     running = initial
     trial: CanaryTrial | None = None
     rejected: dict[str, float] = {}  # candidate -> when its canary was rolled back
+    unjudged: dict[str, float] = {}  # ... rolled back unjudged (out of time, no traffic)
     dt = scenario.poll_interval_s
     t = 0.0
     last_tok_s: float | None = None
@@ -295,11 +296,11 @@ def fleet_replay(
                     record(Action.SWITCH, cur, Reason.ROLLBACK_TRIAL_FAILED)
                     up, _ = fleet.roll(t, [canary_index], cur)
                     fleet.forget([canary_index])
-                    rejected[cand] = t
-                    # As FleetController: the policy backs the candidate off like a failed start
-                    # (a policy without the hook is told of one).
+                    (unjudged if v.unjudged else rejected)[cand] = t
+                    # As FleetController: the policy backs a judged candidate off like a failed
+                    # start (a policy without the hook is told of one).
                     if canary_rejected is not None:
-                        canary_rejected(cand, up)
+                        canary_rejected(cand, up, judged=not v.unjudged)
                     else:
                         policy.switch_done(cand, False, 0.0, up)
                     out.switches.append(SwitchEvent(started, up, cur, cand, CANARY_ROLLED_BACK))
@@ -338,6 +339,7 @@ def fleet_replay(
                 n,
                 Mode.ACTIVE,
                 partial(could_judge, windows, replica_name(canary_index), running, fs.canary),
+                unjudged,
             )
             record(d.action, d.profile, d.reason)
             if target is not None and target not in catalog:

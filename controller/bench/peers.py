@@ -315,8 +315,8 @@ class Specpilot:
     def canary_started(self, profile: str) -> None:
         self.state = self.policy.on_canary_started(self.state, profile)
 
-    def canary_rejected(self, profile: str, now_s: float) -> None:
-        self.state = self.policy.on_canary_rejected(self.state, profile, now_s)
+    def canary_rejected(self, profile: str, now_s: float, *, judged: bool = True) -> None:
+        self.state = self.policy.on_canary_rejected(self.state, profile, now_s, judged=judged)
 
     def canary_window(self, obs: Observation) -> None:
         self.policy.observe_canary(self.state, obs)

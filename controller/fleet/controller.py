@@ -106,6 +106,7 @@ def plan_move(
     replicas: int,
     mode: Mode,
     canary_traffic: Callable[[], bool] | None = None,
+    unjudged: Mapping[str, float] | None = None,
 ) -> tuple[str, str | None, str]:
     """What the fleet does with one decision (pure; the bench's fleet replay uses it too):
     ("hold", None, why), ("canary", target, why), ("rollout", target, why) or ("rewrite",
@@ -118,7 +119,10 @@ def plan_move(
     start: False (the canary replica, or every other, served no usable traffic in the last
     window: canary.could_judge) rolls the policy's switch straight through, as with canaries
     off: a canary there could only run out of time unjudged; the policy's own trial judges the
-    switch, as on one server. An operator's forced canary still runs."""
+    switch, as on one server. An operator's forced canary still runs. So does a candidate
+    whose last canary was rolled back unjudged (`unjudged`: its time ran out before enough
+    traffic to compare) within canary.retry_after_s: a second canary could run out of time the
+    same way (traffic that comes and goes), and the switch is no less the policy's."""
     target = forced or (d.profile if d.action is Action.SWITCH else None)
     rewrite = forced is None and target == running and rewrites_table(d)
     if target is None or (target == running and not rewrite):
@@ -134,6 +138,9 @@ def plan_move(
     if fleet.canary.enabled and replicas >= 2:
         if forced is None and canary_traffic is not None and not canary_traffic():
             return "rollout", target, f"{d.reason.value} (no canary: its replica has no traffic)"
+        since = (unjudged or {}).get(target)
+        if forced is None and since is not None and now_s - since < fleet.canary.retry_after_s:
+            return "rollout", target, f"{d.reason.value} (no canary: its last ran out unjudged)"
         return "canary", target, d.reason.value
     return "rollout", target, d.reason.value
 
@@ -162,6 +169,7 @@ class FleetController:
         self.state: policy.PolicyState | None = None
         self.canary: CanaryTrial | None = None
         self.rejected: dict[str, float] = {}  # candidate -> when its canary was rolled back
+        self.unjudged: dict[str, float] = {}  # ... rolled back unjudged (out of time, no traffic)
         self.record = FleetRecord()
         self.last: dict[str, ReplicaObservation] = {}
         self.busy = False  # a switch is in flight (ticks observe only)
@@ -268,6 +276,7 @@ class FleetController:
             len(self.actuator.replicas),
             self.mode,
             partial(could_judge, windows, self.actuator.canary.name, running, self.fleet.canary),
+            self.unjudged,
         )
         if move == "rollout" and why != d.reason.value:
             log.info("fleet: %s", why)
@@ -307,9 +316,11 @@ class FleetController:
         self, target: str, v: CanaryVerdict | None, outcome: str, now: float
     ) -> None:
         assert self.state is not None and self.running is not None
-        self.rejected[target] = now
-        # The policy backs the candidate off as it does a failed start (never a switch of its own).
-        self.state = policy.on_canary_rejected(self.state, target, self.clock.now())
+        judged = v is None or not v.unjudged  # a canary that did not start is judged
+        (self.rejected if judged else self.unjudged)[target] = now
+        # The policy backs a judged candidate off as it does a failed start (never a switch of
+        # its own).
+        self.state = policy.on_canary_rejected(self.state, target, self.clock.now(), judged=judged)
         self.record.canaries.append(CanaryRecord(target, self.running, v, outcome, now))
 
     async def _canary_step(

@@ -316,6 +316,67 @@ def test_a_canary_whose_traffic_stops_runs_out_of_time() -> None:
     assert pol.done[0][:3] == ("baseline", False, 0.0)  # told as for a failed start
 
 
+class _SwitchOnceHooked(_SwitchOnce):
+    """_SwitchOnce with the canary hook: records (profile, judged) of every rejection."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(target)
+        self.rejected: list[tuple[str, bool]] = []
+
+    def canary_rejected(self, profile: str, now_s: float, *, judged: bool = True) -> None:
+        self.rejected.append((profile, judged))
+
+
+def test_a_canary_rolled_back_unjudged_is_rolled_straight_through_next_time() -> None:
+    """Three streams while baseline's canary starts, then two for five minutes (the canary
+    replica idle): the canary runs out of time unjudged, the policy is told so (nothing to back
+    off), and its next ask for baseline, with six streams on every replica again, rolls every
+    replica through with no second canary (a judged rejection would hold it for
+    retry_after_s)."""
+    sc = fleet_scenario(
+        profile="kimi-k2.5-pcie-later-boot",
+        phases=[
+            {"duration_s": 300, "concurrency": 3, "workloads": {"default": 1.0}},
+            {"duration_s": 300, "concurrency": 2, "workloads": {"default": 1.0}},
+            {"duration_s": 3600, "concurrency": 6, "workloads": {"default": 1.0}},
+        ],
+    )
+    pol = _SwitchOnceHooked("baseline")
+    rep = fb.fleet_replay(sc, pol, initial_profile="eagle3-2step")
+    (c,) = rep.canaries
+    assert c.outcome == "rolled_back" and "(insufficient_windows)" in c.verdict
+    assert pol.rejected == [("baseline", False)]
+    rolled, promoted = rep.switches[0], rep.switches[1]
+    assert rolled.reason == fb.CANARY_ROLLED_BACK
+    assert promoted.to_profile == "baseline"
+    assert promoted.reason == Reason.SWITCH_PREDICTED_GAIN.value
+    assert promoted.t_s >= rolled.up_s > 600.0  # decided with traffic on every replica
+    assert pol.done[0][:2] == ("baseline", True) and len(rep.switches) == 2
+
+
+def test_plan_move_rolls_through_a_candidate_whose_canary_ran_out_unjudged() -> None:
+    fs = fb.fleet_settings(fleet_scenario())
+    d = Decision(100.0, Action.SWITCH, "baseline", Reason.SWITCH_PREDICTED_GAIN, {})
+    yes = lambda: True  # noqa: E731
+    unjudged = {"baseline": 50.0}
+    move = plan_move(d, "eagle3-2step", None, {}, 100.0, fs, 3, Mode.ACTIVE, yes, unjudged)
+    assert move[:2] == ("rollout", "baseline") and "unjudged" in move[2]
+    # Past retry_after_s it gets a canary again; another candidate is not affected.
+    later = 50.0 + fs.canary.retry_after_s
+    assert plan_move(d, "eagle3-2step", None, {}, later, fs, 3, Mode.ACTIVE, yes, unjudged)[0] == (
+        "canary"
+    )
+    other = {"eagle3-5step": 50.0}
+    assert plan_move(d, "eagle3-2step", None, {}, 100.0, fs, 3, Mode.ACTIVE, yes, other)[0] == (
+        "canary"
+    )
+    # An operator's forced canary runs anyway; a judged rejection still holds.
+    forced = plan_move(d, "eagle3-2step", "baseline", {}, 100.0, fs, 3, Mode.ACTIVE, yes, unjudged)
+    assert forced[:2] == ("canary", "baseline")
+    held = plan_move(d, "eagle3-2step", None, unjudged, 100.0, fs, 3, Mode.ACTIVE, yes, {})
+    assert held[0] == "hold"
+
+
 def test_plan_move_skips_a_canary_that_could_not_be_judged() -> None:
     fs = fb.fleet_settings(fleet_scenario())
     d = Decision(0.0, Action.SWITCH, "baseline", Reason.SWITCH_PREDICTED_GAIN, {})

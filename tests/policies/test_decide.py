@@ -617,3 +617,21 @@ def test_a_rejected_canary_backs_the_candidate_off_and_rolls_nothing_back(warm_s
     assert state.last_switch_s == last_switch and state.running == "eagle5"
     with pytest.raises(ValueError, match="unknown profile"):
         on_canary_rejected(state, "nope", t)
+
+
+def test_a_canary_rolled_back_unjudged_backs_nothing_off(warm_state) -> None:  # type: ignore[no-untyped-def]
+    """A canary whose time ran out before its replica carried traffic to compare is no evidence
+    against the candidate: the pending switch is over, but the candidate is not backed off (a
+    judged rejection would hold it back for failed_profile_backoff_s)."""
+    from policies.decide import on_canary_rejected
+
+    state = PolicyState.from_dict(warm_state)
+    t = T + 10.0
+    state, d = decide(state, obs_for(state, t), t, S, Overrides(pin_profile="baseline"))
+    assert (d.action, d.profile) == (Action.SWITCH, "baseline")
+    state = on_canary_rejected(state, "baseline", t + 60.0, judged=False)
+    assert state.pending is None and state.trial is None and "baseline" not in state.failed
+    # The same pin asks for baseline again at once: it is not blocked.
+    t += 70.0
+    state, d = decide(state, obs_for(state, t), t, S, Overrides(pin_profile="baseline"))
+    assert (d.action, d.profile) == (Action.SWITCH, "baseline")

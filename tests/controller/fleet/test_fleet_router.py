@@ -239,6 +239,10 @@ async def test_a_canary_without_traffic_runs_out_of_time(tmp_path: Path) -> None
     (rec,) = ctl.record.canaries
     assert rec.outcome == "rolled_back", rec
     assert rec.verdict is not None and rec.verdict.why == "insufficient_windows"
+    # Unjudged: no evidence against the candidate, nothing backed off; the next switch to it
+    # rolls through without a canary (plan_move).
+    assert "eagle3-2step" in ctl.unjudged and "eagle3-2step" not in ctl.rejected
+    assert ctl.state is not None and "eagle3-2step" not in ctl.state.failed
     assert ctl.running == "baseline"
     assert [r.profile for r in ctl.actuator.replicas] == ["baseline"] * 2
 
