@@ -57,7 +57,7 @@ from controller.bench.oracles import (
 )
 from controller.bench.scenario import BenchProfile, Phase, Scenario
 from controller.fleet.canary import CanaryTrial, could_judge
-from controller.fleet.controller import deployment_window, plan_move
+from controller.fleet.controller import deployment_window, note_rollback, plan_move
 from controller.fleet.observe import ReplicaObservation, replica_window
 from controller.fleet.settings import CanarySettings, FleetSettings
 from policies.canary import Verdict
@@ -296,11 +296,11 @@ def fleet_replay(
                     record(Action.SWITCH, cur, Reason.ROLLBACK_TRIAL_FAILED)
                     up, _ = fleet.roll(t, [canary_index], cur)
                     fleet.forget([canary_index])
-                    (unjudged if v.unjudged else rejected)[cand] = t
+                    judged = note_rollback(rejected, unjudged, cand, v, t)
                     # As FleetController: the policy backs a judged candidate off like a failed
                     # start (a policy without the hook is told of one).
                     if canary_rejected is not None:
-                        canary_rejected(cand, up, judged=not v.unjudged)
+                        canary_rejected(cand, up, judged=judged)
                     else:
                         policy.switch_done(cand, False, 0.0, up)
                     out.switches.append(SwitchEvent(started, up, cur, cand, CANARY_ROLLED_BACK))

@@ -132,17 +132,40 @@ def plan_move(
         return "hold", None, f"advisory: would {what} ({d.reason.value})"
     if rewrite:
         return "rewrite", target, d.reason.value
-    since = rejected.get(target)
-    if forced is None and since is not None and now_s - since < fleet.canary.retry_after_s:
-        return "hold", None, f"{target}'s canary was rolled back {now_s - since:.0f} s ago"
+
+    def recent(rolled_back: Mapping[str, float] | None) -> float | None:
+        """Seconds since `target`'s canary was rolled back, within retry_after_s (else None;
+        an operator's forced canary is never held back)."""
+        since = (rolled_back or {}).get(target)
+        if forced is not None or since is None or now_s - since >= fleet.canary.retry_after_s:
+            return None
+        return now_s - since
+
+    if (ago := recent(rejected)) is not None:
+        return "hold", None, f"{target}'s canary was rolled back {ago:.0f} s ago"
     if fleet.canary.enabled and replicas >= 2:
         if forced is None and canary_traffic is not None and not canary_traffic():
             return "rollout", target, f"{d.reason.value} (no canary: its replica has no traffic)"
-        since = (unjudged or {}).get(target)
-        if forced is None and since is not None and now_s - since < fleet.canary.retry_after_s:
+        if recent(unjudged) is not None:
             return "rollout", target, f"{d.reason.value} (no canary: its last ran out unjudged)"
         return "canary", target, d.reason.value
     return "rollout", target, d.reason.value
+
+
+def note_rollback(
+    rejected: dict[str, float],
+    unjudged: dict[str, float],
+    target: str,
+    verdict: CanaryVerdict | None,
+    now_s: float,
+) -> bool:
+    """Record a canary of `target` rolled back at `now_s` in the map plan_move reads for it
+    (`rejected`, or `unjudged` when the verdict judged nothing: out of time without traffic to
+    compare) and return whether it was judged (a canary that did not start, `verdict` None, is:
+    the policy backs a judged candidate off as a failed start)."""
+    judged = verdict is None or not verdict.unjudged
+    (rejected if judged else unjudged)[target] = now_s
+    return judged
 
 
 class FleetController:
@@ -316,8 +339,7 @@ class FleetController:
         self, target: str, v: CanaryVerdict | None, outcome: str, now: float
     ) -> None:
         assert self.state is not None and self.running is not None
-        judged = v is None or not v.unjudged  # a canary that did not start is judged
-        (self.rejected if judged else self.unjudged)[target] = now
+        judged = note_rollback(self.rejected, self.unjudged, target, v, now)
         # The policy backs a judged candidate off as it does a failed start (never a switch of
         # its own).
         self.state = policy.on_canary_rejected(self.state, target, self.clock.now(), judged=judged)
