@@ -962,8 +962,10 @@ class CycleTimeSurface:
         beta is the slope in B of T_p(B) - T_base(n_p B) (per-sequence costs: KV reads, draft
         per sequence), fitted where the baseline served n_p B; d0 (one draft step's fixed cost)
         is not identified by cycle times and is taken uniform on [0, DRAFT_SHARE_MAX x T_p / g_p]
-        (FIELD.md: the draft model is under 5% of the cycle). None without a run speculative
-        profile and the baseline."""
+        (FIELD.md: the draft model is under 5% of the cycle). Without the baseline's decode beta
+        is unidentified: the band reaches down to the donor's cycle at B sequences (a longer
+        verify of as many sequences costs at least its verify). None without a run speculative
+        profile."""
         q = self.specs[profile]
         nq = int(q.draft_tokens)
         donors = [
@@ -987,10 +989,15 @@ class CycleTimeSurface:
         base = next(
             (n for n, sp in self.specs.items() if not sp.speculative and self._points(n)), None
         )
-        if base is None:
-            return None  # per-sequence and verify costs are unidentified without a baseline
+        if base is None and self.stats[profile].s0 > 0:
+            # A profile that ran, its data set aside at a change, waits for its own windows:
+            # read off the donor's cycles, which may predate the change, it would be priced at
+            # the old level while the change detector's stream is normalised by that price.
+            return None
         donor_pts = self._points(p.name)
-        fit = self._per_sequence_slope(donor_pts, base, np_)
+        # Per-sequence costs are read against the baseline's decode; without it they are
+        # unidentified, and the band below reaches down to what they could save.
+        fit = None if base is None else self._per_sequence_slope(donor_pts, base, np_)
         g_p = max(p.num_steps, 1)
         # d0 is the batch-independent part of a draft step (what grows with B is in beta): the
         # draft share bounds it where the donor's cycle is shortest, at its smallest batch.
@@ -1014,6 +1021,14 @@ class CycleTimeSurface:
         # The donor's shape band (where r B lies between or beyond its data) moves with it.
         lo, hi = own.interval(var + floor * floor)
         lo, hi = max(mean * 1e-3, lo + shift), hi + shift
+        if base is None and r > 1.0:
+            # q's B sequences read (r - 1) B fewer caches and sample fewer than p's r B: by as
+            # much as all of p's per-sequence cost, which only the baseline's decode would
+            # identify. Its cycle is still at least p's at B sequences (q's verify carries
+            # more tokens each) less p's draft share.
+            at_b = self._own_predict(p.name, batch)
+            if at_b is not None:
+                lo = min(lo, max(at_b.interval()[0], 0.0) * (1.0 - DRAFT_SHARE_MAX))
         # Better centres than the donor's, where there is one (the band the donor's data and
         # the physics allow stays: a model of the shape, however well it fits, is not data
         # where none was). Two other chains that served this very batch size are data at it;

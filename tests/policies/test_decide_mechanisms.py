@@ -343,7 +343,7 @@ def test_a_move_of_system_state_leaves_profiles_not_running_to_exploration() -> 
     n0 = len(dr.decisions)
     dr.syn.cost = Cost(per_tok_s=0.0005)
     dr.run(400, 8, hi, mix)
-    assert dr.state.cycle_moves and dr.state.cycle_moves[-1][1] > 1.5
+    assert any(m[1] > 1.5 for m in dr.state.cycle_moves)
     after = [(d.reason, d.profile, d.t_s) for d in dr.decisions[n0:] if d.action is Action.SWITCH]
     assert [r for r, _, _ in after] == [Reason.EXPLORE, Reason.SWITCH_PREDICTED_GAIN]
     assert after[0][1] in ("eagle2", "baseline") and after[1][1] == "eagle5"

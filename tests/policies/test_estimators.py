@@ -103,9 +103,12 @@ def test_surface_needs_baseline_and_speculative_data() -> None:
     syn = Synth(cost=cost, seed=4)
     m = ThroughputModel(PROFILES)
     feed(m, syn, E2, 0, 10, 8)
-    # Only one profile has data: 5-step cannot be read off it (per-sequence and verify costs
-    # are unidentified without the baseline) ...
-    assert m.cycle.estimate("eagle5", 8) is None
+    # Only one profile has data: 5-step is read off it at equal tokens per forward, its band
+    # reaching down to 2-step's own cycle (per-sequence costs are unidentified without the
+    # baseline) ...
+    e5 = m.cycle.estimate("eagle5", 8)
+    assert e5 is not None and inside(e5, float(cost.step_s(8, 6)))
+    assert e5.low <= float(cost.step_s(8, 3))
     # ... and the baseline only bounded: between 1/3 of 2-step's verify and its whole cycle.
     e2 = m.cycle.estimate("eagle2", 8)
     assert m.cycle.estimate("baseline", 8) is None
@@ -630,6 +633,24 @@ def test_a_never_run_chain_is_read_across_two_chains_that_served_its_batch_size(
     _feed_exact(alone, "eagle3", lambda b: cycle(4), (1.0,))
     e = alone.estimate("eagle2", 1.0)
     assert e is not None and e.mean < 0.97 * cycle(3)
+
+
+def test_a_deeper_chain_is_priced_off_a_shallower_one_without_the_baseline() -> None:
+    """The server started on a 2-step chain and the baseline never ran (a random llama day:
+    1-step ran 77 minutes at half the rate 5-step would have served, 5-step unpriced and its
+    exploration waiting on the blind prior). 5-step at B sequences carries the tokens 2-step
+    carries at 2B: its cycle is about that one plus three draft steps, less what B fewer
+    sequences cost (unidentified without the baseline's decode, so the band reaches down to
+    2-step's own cycle at B). The band holds the truth."""
+    cost = Cost()
+    surf = CycleTimeSurface([BASE, E2, E5], min_windows=3)
+    _feed_exact(surf, "eagle2", lambda b: float(cost.step_s(b, 3)), (1.0, 2.0, 4.0, 8.0))
+    for b in (1.0, 2.0, 4.0):
+        e = surf.estimate("eagle5", b)
+        truth = float(cost.step_s(b, 6))
+        assert e is not None and inside(e, truth), (b, e, truth)
+        assert e.high < 1.2 * truth, (b, e, truth)
+    assert surf.estimate("baseline", 2.0) is None  # a decode is not read off verify cycles
 
 
 def test_memoised_answers_are_those_of_the_state_after_every_change() -> None:
