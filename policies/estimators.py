@@ -890,14 +890,17 @@ class CycleTimeSurface:
         (0 and inf where none speaks). A forward's cost never falls when it carries more
         sequences or more tokens: a cycle of p with b >= B sequences and n_p >= n_q tokens each
         (as many draft steps or more) costs at least q's, T_q(B) <= T_p(b) (a verify forward
-        costs at least a decode forward of as many sequences). Among verify forwards (both
-        speculative: one kernel path), the cost per token never rises with more tokens (fixed
-        costs amortise; at worst compute-bound, linear), so p's verify at b <= B sequences x
-        n_p tokens with b n_p >= B n_q bounds q's from below: T_q(B) >= verify_p(b) B n_q /
-        (b n_p), the verify being at least 1 - DRAFT_SHARE_MAX of p's cycle. A decode forward
-        gets no such bound from a verify: the verify carries fixed costs of its own (FIELD.md:
-        verify cost is mostly fixed per cycle, ~30 ms at the later boot against a 12 ms decode
-        step at 82 tok/s), so a decode of a few streams may cost less per token than it.
+        costs at least a decode forward of as many sequences); with b < B, since the time per
+        sequence never rises with B, T_q(B) <= T_p(b) B / b (a chain whose windows average just
+        under the cap, where every profile is priced, bounded nothing there). Among verify
+        forwards (both speculative: one kernel path), the cost per token never rises with more
+        tokens (fixed costs amortise; at worst compute-bound, linear), so p's verify at b <= B
+        sequences x n_p tokens with b n_p >= B n_q bounds q's from below: T_q(B) >=
+        verify_p(b) B n_q / (b n_p), the verify being at least 1 - DRAFT_SHARE_MAX of p's
+        cycle. A decode forward gets no such bound from a verify: the verify carries fixed
+        costs of its own (FIELD.md: verify cost is mostly fixed per cycle, ~30 ms at the later
+        boot against a 12 ms decode step at 82 tok/s), so a decode of a few streams may cost
+        less per token than it.
         Each served point is taken at the far end of its ~90% sampling interval. Adaptive
         profiles neither give nor get bounds (their tokens per sequence move)."""
         q = self.specs[profile]
@@ -913,8 +916,8 @@ class CycleTimeSurface:
                 half = Z90 * math.sqrt(v)
                 if q.speculative and p.speculative and b <= batch and b * n_p >= batch * nq:
                     low = max(low, (1.0 - DRAFT_SHARE_MAX) * (y - half) * batch * nq / (b * n_p))
-                if b >= batch and n_p >= nq:
-                    high = min(high, y + half)
+                if n_p >= nq:
+                    high = min(high, (y + half) * max(batch / b, 1.0))
         return low, high
 
     def _token_bounded(self, profile: str, batch: float, e: Estimate) -> Estimate:

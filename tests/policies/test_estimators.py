@@ -420,6 +420,26 @@ def test_extrapolation_is_a_line_where_another_profile_served_that_batch_size() 
     assert (near.high - near.low) / near.mean < (far.high - far.low) / far.mean
 
 
+def test_a_longer_chain_served_just_short_of_the_batch_still_bounds_a_shorter_one() -> None:
+    """5-step served 47.5 sequences on average where the cap puts 48 (windows at the edge of a
+    ramp); 2-step, served at 1 and 16 on a saturating MoE cost, is read up to 48 along its
+    secant. Its verify of 3 tokens a sequence costs no more than 5-step's of 6 at as many
+    sequences, and 5-step's at 48 no more than 48 / 47.5 of its cost at 47.5 (the time per
+    sequence never rises with the batch): the estimate stays under that, the truth inside."""
+
+    def per_forward(tokens: float) -> float:
+        return 0.01 + 0.5 * (1.0 - math.exp(-tokens / 40.0))
+
+    surf = CycleTimeSurface([BASE, E2, E5], min_windows=3)
+    _feed_exact(surf, "eagle2", lambda b: per_forward(3.0 * b), (1.0, 16.0))
+    _feed_exact(surf, "eagle5", lambda b: per_forward(6.0 * b), (47.5,))
+    bound = per_forward(6.0 * 47.5) * 48.0 / 47.5
+    assert surf.token_bounds("eagle2", 48.0)[1] == pytest.approx(bound, rel=1e-3)
+    e = surf.estimate("eagle2", 48.0)
+    assert e is not None and e.high <= bound * (1 + 1e-6), (e, bound)
+    assert inside(e, per_forward(3.0 * 48.0)), (e, per_forward(3.0 * 48.0))
+
+
 def test_interpolation_follows_a_bend_between_interior_points_and_is_exact_on_a_line() -> None:
     """Between two interior served sizes the centre is the shape-preserving cubic through all
     of them: it follows saturating experts far closer than the chord, reproduces a straight
@@ -472,7 +492,10 @@ def test_other_profiles_forwards_bound_a_prediction_in_tokens_per_forward() -> N
     own = surf.estimate("eagle2", 2.0)
     assert own is not None and own.mean == pytest.approx(per_forward(6.0), rel=1e-6)
     base_low, base_high = surf.token_bounds("baseline", 8.0)
-    assert base_low == 0.0 and base_high == pytest.approx(per_forward(48.0), rel=1e-3)
+    # ... the tighter of 5-step's cycle at 8 and 2-step's at 2 scaled to 8 sequences (the time
+    # per sequence never rises with the batch).
+    expected = min(per_forward(48.0), per_forward(6.0) * 8.0 / 2.0)
+    assert base_low == 0.0 and base_high == pytest.approx(expected, rel=1e-3)
 
 
 def test_a_prediction_disproved_by_an_upper_bound_alone_keeps_a_positive_step_time() -> None:
