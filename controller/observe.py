@@ -209,7 +209,7 @@ def _fold(families: Iterable[Any], workload_label: str) -> _Folded:
     # role -> dp_rank -> (pp, tp) -> values; a non-finite sample is kept as NaN so that the
     # rank it belongs to turns its sum into "missing" instead of silently shrinking it.
     sched: dict[str, dict[str, dict[tuple[Any, Any], list[float]]]] = {}
-    tok: dict[str, dict[str, float]] = {role: {} for role in _TOKENIZER_COUNTERS.values()}
+    tok: dict[str, dict[str, list[float]]] = {role: {} for role in _TOKENIZER_COUNTERS.values()}
     for fam in families:
         for s in fam.samples:
             name, labels, value = s.name, s.labels, s.value
@@ -217,8 +217,7 @@ def _fold(families: Iterable[Any], workload_label: str) -> _Folded:
             tok_role = _TOKENIZER_COUNTERS.get(name)
             if tok_role is not None:
                 w = labels.get(workload_label) or UNLABELLED
-                bucket = tok[tok_role]
-                bucket[w] = bucket.get(w, 0.0) + (float(value) if finite else nan)
+                tok[tok_role].setdefault(w, []).append(float(value) if finite else nan)
                 continue
             if labels.get(sg.LABEL_PRIORITY, "") != "":
                 continue
@@ -242,7 +241,7 @@ def _fold(families: Iterable[Any], workload_label: str) -> _Folded:
             vals = ranks[min(ranks)]
             # Counters: modes of one rank add up (decode_cuda_graph + decode_none). Gauges: one
             # series per rank is expected; unknown extra label dimensions are averaged.
-            out[dp] = sum(vals) if combine == "sum" else sum(vals) / len(vals)
+            out[dp] = math.fsum(vals) if combine == "sum" else math.fsum(vals) / len(vals)
         return out
 
     running = per_dp("running_reqs", "mean")
@@ -258,18 +257,20 @@ def _fold(families: Iterable[Any], workload_label: str) -> _Folded:
     }
     # A workload whose counter had a non-finite sample is missing, not smaller.
     tokenizer = {
-        role: {w: v for w, v in by_w.items() if math.isfinite(v)} for role, by_w in tok.items()
+        role: {w: math.fsum(vs) for w, vs in by_w.items() if all(map(math.isfinite, vs))}
+        for role, by_w in tok.items()
     }
     return _Folded(gauges=gauges, counters=counters, tokenizer=tokenizer)
 
 
 def _sum_or_none(vals: Iterable[float]) -> float | None:
     """Sum over DP ranks; None when no rank reported or one rank's value is not finite (a sum
-    missing a rank would look like a drop in traffic)."""
+    missing a rank would look like a drop in traffic). Exactly rounded (math.fsum), so the
+    order the ranks were read in does not move the last bit."""
     vs = list(vals)
     if not vs or not all(math.isfinite(v) for v in vs):
         return None
-    return sum(vs)
+    return math.fsum(vs)
 
 
 def _running_weighted_mean(vals: Mapping[str, float], running: Mapping[str, float]) -> float | None:
@@ -280,10 +281,10 @@ def _running_weighted_mean(vals: Mapping[str, float], running: Mapping[str, floa
         return None
     weights = {dp: running.get(dp) for dp in good}
     if all(w is not None and math.isfinite(w) and w >= 0 for w in weights.values()):
-        total = sum(w for w in weights.values() if w is not None)
+        total = math.fsum(w for w in weights.values() if w is not None)
         if total > 0:
-            return sum(good[dp] * (weights[dp] or 0.0) for dp in good) / total
-    return sum(good.values()) / len(good)
+            return math.fsum(good[dp] * (weights[dp] or 0.0) for dp in good) / total
+    return math.fsum(good.values()) / len(good)
 
 
 def parse_exposition(
