@@ -749,7 +749,7 @@ class CycleTimeSurface:
             # or turns compute-bound: anchored at the profile's own end point it centres the
             # continuation (the uncertainty stays what the end secant allows).
             mean = min(max(y0 + rise, lo), hi)
-        if self._served_by_any(batch):
+        if self._served_by_any(profile, batch):
             # Another profile served this batch size: the system's cost curve there is data
             # (the shared surface's slope saw it), so the profile's own continuation is a line
             # with half its growth as shape uncertainty, on top of the sampling error and floor.
@@ -792,14 +792,30 @@ class CycleTimeSurface:
         n = max(int(spec.draft_tokens), 1)
         return curve.at(batch, n, spec.speculative) - curve.at(b0, n, spec.speculative)
 
-    def _served_by_any(self, batch: float) -> bool:
+    def _served_by_any(self, profile: str, batch: float) -> bool:
         """Whether some profile's batch buckets with data reach `batch` (its bucket, or between
-        two served sizes of one profile)."""
+        two served sizes of one profile), and, for a fixed profile, some fixed profile served a
+        forward carrying as many tokens as `profile`'s at `batch` or more. A forward's cost is
+        mostly a function of its tokens: beyond the most any forward carried the curve may
+        saturate (MoE experts all loaded) whatever batch sizes were served: a 6-step chain
+        served at 16 streams, 112 tokens a forward, is not read up to 48, 336 tokens, along its
+        secant because the baseline served 64 sequences of one token."""
         # Reads only which buckets hold data, as _members does (_forget relies on it).
         k = batch_bucket(batch)
+        q = self.specs[profile]
+        nq = max(int(q.draft_tokens), 1)
+        batch_seen = tokens_seen = q.adaptive
         for name in self.buckets:
             pts = self._points(name)
-            if pts and (pts[0][0] <= batch <= pts[-1][0] or any(p[3] == k for p in pts)):
+            if not pts:
+                continue
+            if pts[0][0] <= batch <= pts[-1][0] or any(p[3] == k for p in pts):
+                batch_seen = True
+            sp = self.specs[name]
+            if not sp.adaptive and not tokens_seen:
+                b = batch * nq / max(int(sp.draft_tokens), 1)
+                tokens_seen = b <= pts[-1][0] or batch_bucket(b) == pts[-1][3]
+            if batch_seen and tokens_seen:
                 return True
         return False
 

@@ -440,6 +440,29 @@ def test_a_longer_chain_served_just_short_of_the_batch_still_bounds_a_shorter_on
     assert inside(e, per_forward(3.0 * 48.0)), (e, per_forward(3.0 * 48.0))
 
 
+def test_a_chain_read_past_the_tokens_any_forward_carried_keeps_the_flat_end_of_its_band() -> None:
+    """Experts saturate with the tokens a forward carries. Baseline served 1 and 128 streams
+    (at most 128 tokens a forward), 5-step 1 and 16 streams (96 tokens). At 20 streams 5-step's
+    verify carries 120 tokens, inside what forwards carried: its continuation is a line with
+    half its growth uncertain. At 48 it carries 288, more than any forward served, so that
+    baseline served 48 sequences says nothing of the shape there: the band reaches down to
+    flat (saturated, as the truth is), not half the 1 -> 16 secant's growth above it."""
+
+    def cost(b: float, n: int) -> float:
+        return 0.010 + 0.5 * (1.0 - math.exp(-b * n / 60.0))
+
+    surf = CycleTimeSurface([BASE, E2, E5], min_windows=3)
+    _feed_exact(surf, "baseline", lambda b: cost(b, 1), (1.0, 128.0))
+    _feed_exact(surf, "eagle5", lambda b: cost(b, 6), (1.0, 16.0))
+    assert surf.support("eagle5", 48.0) == "extrapolated"
+    far = surf.estimate("eagle5", 48.0)
+    assert far is not None
+    assert far.low <= cost(48.0, 6) <= far.high, (far, cost(48.0, 6))
+    assert far.low >= cost(16.0, 6) * 0.99  # never below what 16 streams cost
+    near = surf.estimate("eagle5", 20.0)
+    assert near is not None and near.low > cost(16.0, 6) * 1.01, near
+
+
 def test_interpolation_follows_a_bend_between_interior_points_and_is_exact_on_a_line() -> None:
     """Between two interior served sizes the centre is the shape-preserving cubic through all
     of them: it follows saturating experts far closer than the chord, reproduces a straight
@@ -724,14 +747,16 @@ def test_an_adaptive_profiles_windows_keep_only_the_memoised_estimates_they_cann
     """Windows of a running adaptive profile move its own estimates; the fixed profiles' stay
     memoised until a window makes a batch size served that was not (their continuation past
     their data reads that) or the shared fit is due: every answer is the one computed afresh."""
-    surf = CycleTimeSurface([BASE, E2, HYB], min_windows=3)
+    surf = CycleTimeSurface([BASE, E2, E5, HYB], min_windows=3)
     _feed_exact(surf, "baseline", lambda b: 0.010 + 0.0004 * b, (2.0, 4.0, 8.0))
     _feed_exact(surf, "eagle2", lambda b: 0.014 + 0.0009 * b, (2.0, 4.0))
+    # 5-step at 16 streams carried 96 tokens a forward, as many as 2-step's at 32 would.
+    _feed_exact(surf, "eagle5", lambda b: 0.020 + 0.0015 * b, (16.0,))
     batches = (1.0, 3.0, 8.0, 16.0, 32.0)
 
     def answers() -> dict[tuple[str, float], object]:
         out = {}
-        for p in ("baseline", "eagle2", "hyb"):
+        for p in ("baseline", "eagle2", "eagle5", "hyb"):
             for b in batches:
                 out[p, b] = surf.estimate(p, b)
                 assert out[p, b] == surf._estimate(p, b)
