@@ -1010,8 +1010,8 @@ class CycleTimeSurface:
         )
         if base is None and self.stats[profile].s0 > 0:
             # A profile that ran, its data set aside at a change, waits for its own windows:
-            # read off the donor's cycles, which may predate the change, it would be priced at
-            # the old level while the change detector's stream is normalised by that price.
+            # read off the donor's cycles, which may predate that change, it would be priced
+            # at the old level.
             return None
         donor_pts = self._points(p.name)
         # Per-sequence costs are read against the baseline's decode; without it they are
