@@ -804,7 +804,7 @@ class CycleTimeSurface:
         k = batch_bucket(batch)
         q = self.specs[profile]
         nq = max(int(q.draft_tokens), 1)
-        batch_seen = tokens_seen = q.adaptive
+        batch_seen, tokens_seen = False, q.adaptive  # an adaptive profile's tokens move
         for name in self.buckets:
             pts = self._points(name)
             if not pts:

@@ -463,6 +463,17 @@ def test_a_chain_read_past_the_tokens_any_forward_carried_keeps_the_flat_end_of_
     assert near is not None and near.low > cost(16.0, 6) * 1.01, near
 
 
+def test_an_adaptive_profile_past_every_batch_size_served_keeps_the_flat_end_of_its_band() -> None:
+    """An adaptive profile's tokens per forward move, so only batch sizes say whether the
+    system's curve was seen: served at 2 and 4 streams, as baseline was, it is read at 32,
+    beyond every batch size any profile served, over the physical band from flat up."""
+    surf = CycleTimeSurface([BASE, E2, HYB], min_windows=3)
+    _feed_exact(surf, "baseline", lambda b: 0.010 + 0.0004 * b, (2.0, 4.0))
+    _feed_exact(surf, "hyb", lambda b: 0.016 + 0.001 * b, (2.0, 4.0))
+    e = surf.estimate("hyb", 32.0)
+    assert e is not None and e.low <= (0.016 + 0.004) * 1.001, e
+
+
 def test_interpolation_follows_a_bend_between_interior_points_and_is_exact_on_a_line() -> None:
     """Between two interior served sizes the centre is the shape-preserving cubic through all
     of them: it follows saturating experts far closer than the chord, reproduces a straight
