@@ -19,6 +19,9 @@ Folding rules (why):
 - priority="<int>" series are per-priority breakdowns of the priority="" total: dropped.
 - Tokenizer counters (one tokenizer, per finished request): summed over every label except the
   `workload` custom label; a missing or empty workload label is policies.types.UNLABELLED.
+- sglang:startup_time_seconds (tokenizer side, set once at boot): phase tokenizer_e2e (launch to
+  schedulers ready), else scheduler_e2e, the largest series: how long this server took to boot,
+  what the policy prices a restart of the deployment by before it has timed one itself.
 - Non-finite samples are dropped (treated as missing). A malformed exposition raises ObserveError.
 """
 
@@ -82,10 +85,15 @@ _TOKENIZER_COUNTERS: dict[str, str] = {
     sg.SPEC_VERIFY_CALLS + _T: "verify_calls",
     sg.NUM_REQUESTS + _T: "requests",
 }
+# The engine's startup gauge, by phase, in order of preference: tokenizer_e2e runs from the
+# engine's launch until its schedulers are ready, scheduler_e2e (older servers, or a frontend
+# that sets no tokenizer phase) only the schedulers' part of it.
+_STARTUP_PHASES: tuple[str, ...] = ("tokenizer_e2e", "scheduler_e2e")
 _KEPT_SAMPLE_NAMES: tuple[str, ...] = (
     *_SCHED_GAUGES,
     *_SCHED_COUNTERS,
     *_TOKENIZER_COUNTERS,
+    sg.STARTUP_TIME_SECONDS,
 )
 
 
@@ -202,6 +210,20 @@ class _Folded:
     gauges: dict[str, float | None]
     counters: dict[str, float | None]
     tokenizer: dict[str, dict[str, float]]
+    startup_s: float | None
+
+
+def _startup(by_phase: Mapping[str, list[float]]) -> float | None:
+    """The engine's startup seconds: the first phase of _STARTUP_PHASES with a sample, the
+    longest of its series (several frontends or custom-label sets: the boot waited for the
+    slowest); None where no such phase was reported or a value is not a positive finite
+    number (a gauge not set yet reads 0)."""
+    for phase in _STARTUP_PHASES:
+        vals = by_phase.get(phase)
+        if vals:
+            v = max(vals)
+            return v if math.isfinite(v) and v > 0.0 and all(map(math.isfinite, vals)) else None
+    return None
 
 
 def _fold(families: Iterable[Any], workload_label: str) -> _Folded:
@@ -210,10 +232,15 @@ def _fold(families: Iterable[Any], workload_label: str) -> _Folded:
     # rank it belongs to turns its sum into "missing" instead of silently shrinking it.
     sched: dict[str, dict[str, dict[tuple[Any, Any], list[float]]]] = {}
     tok: dict[str, dict[str, list[float]]] = {role: {} for role in _TOKENIZER_COUNTERS.values()}
+    startup: dict[str, list[float]] = {}
     for fam in families:
         for s in fam.samples:
             name, labels, value = s.name, s.labels, s.value
             finite = isinstance(value, float | int) and math.isfinite(value)
+            if name == sg.STARTUP_TIME_SECONDS:
+                phase = labels.get(sg.LABEL_PHASE, "")
+                startup.setdefault(phase, []).append(float(value) if finite else nan)
+                continue
             tok_role = _TOKENIZER_COUNTERS.get(name)
             if tok_role is not None:
                 w = labels.get(workload_label) or UNLABELLED
@@ -260,7 +287,9 @@ def _fold(families: Iterable[Any], workload_label: str) -> _Folded:
         role: {w: math.fsum(vs) for w, vs in by_w.items() if all(map(math.isfinite, vs))}
         for role, by_w in tok.items()
     }
-    return _Folded(gauges=gauges, counters=counters, tokenizer=tokenizer)
+    return _Folded(
+        gauges=gauges, counters=counters, tokenizer=tokenizer, startup_s=_startup(startup)
+    )
 
 
 def _sum_or_none(vals: Iterable[float]) -> float | None:
@@ -322,6 +351,7 @@ def parse_exposition(
         requests=tok["requests"],
         decode_tokens=c["decode_tokens"],
         decode_passes=c["decode_passes"],
+        startup_s=folded.startup_s,
     )
 
 
@@ -534,6 +564,7 @@ def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
         "accepted_drafts_hist": (
             list(s.accepted_drafts_hist) if s.accepted_drafts_hist is not None else None
         ),
+        "startup_s": _json_num(s.startup_s),
     }
 
 

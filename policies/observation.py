@@ -165,6 +165,7 @@ def diff(prev: Snapshot, cur: Snapshot) -> Observation:
         "spec_accept_length": _counter(cur.spec_accept_length),
         "spec_accept_rate": _counter(cur.spec_accept_rate),
         "spec_num_steps": _counter(cur.spec_num_steps),
+        "startup_s": _counter(cur.startup_s),
     }
     if prev.profile != cur.profile:
         return Observation(

@@ -138,6 +138,9 @@ class Observation:
     # source reports it (request meta_info probes, the simulator); None otherwise.
     accepted_drafts_hist: tuple[float, ...] | None = None
     counter_reset: bool = False  # a counter went backwards inside this window
+    # The running server's own boot, launch to ready (seconds; Snapshot.startup_s): the part of
+    # a restart of this deployment that SGLang timed itself.
+    startup_s: float | None = None
 
     @property
     def output_tok_s(self) -> float | None:
@@ -277,3 +280,6 @@ class Snapshot:
     # (SGLang reports microseconds; the scraper converts to seconds)
     moments: tuple[float, float, float, float, float, float] | None = None
     accepted_drafts_hist: tuple[float, ...] | None = None
+    # gauge: the server's engine startup, launch until its schedulers were ready
+    # (sglang:startup_time_seconds{phase="tokenizer_e2e"}, else phase="scheduler_e2e")
+    startup_s: float | None = None

@@ -25,7 +25,14 @@ from simulator.engine import StepEngine
 from simulator.faults import START_FAIL_EXIT_CODE, Faults, crash_after
 from simulator.flags import FlagError, ServerArgs, parse_args, spec_config
 from simulator.metrics import SimMetrics
-from simulator.model import CostScale, SimProfile, SpecConfig, Workload, builtin_workloads
+from simulator.model import (
+    CostScale,
+    SimProfile,
+    SpecConfig,
+    Workload,
+    builtin_workloads,
+    startup_times,
+)
 from simulator.model import load_profile as load_sim_profile
 from simulator.server import SIGTERM_POLL_S, Simulation, create_app
 
@@ -49,19 +56,6 @@ def build_workloads(args: ServerArgs) -> dict[str, Workload]:
     for name, fields in args.sim_workloads.items():
         workloads[name] = replace(base, name=name, **fields)
     return workloads
-
-
-def startup_times(phases: Mapping[str, float]) -> dict[str, float]:
-    """SGLang's startup_time record from the profile's phases (simulated seconds)."""
-    load = float(phases.get("load", 0.0))
-    graphs = float(phases.get("cuda_graph", 0.0))
-    startup = {
-        "load_weight": load,
-        "kv_cache_allocation": 0.0,  # folded into the profile's load phase
-        "scheduler_e2e": load + graphs,
-        "tokenizer_e2e": load + graphs,
-    }
-    return startup
 
 
 def cuda_graph_split(spec: SpecConfig, graphs_s: float) -> dict[str, float]:

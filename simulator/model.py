@@ -761,6 +761,20 @@ class SimProfile:
         return float(sum(self.restart_phases_s(spec).values()))
 
 
+def startup_times(phases: Mapping[str, float]) -> dict[str, float]:
+    """SGLang's startup_time record (sglang:startup_time_seconds by phase) from a launch's
+    phases (SimProfile.restart_phases_s): the engine's clock covers loading and graph capture,
+    not the warmup request that follows it."""
+    load = float(phases.get("load", 0.0))
+    graphs = float(phases.get("cuda_graph", 0.0))
+    return {
+        "load_weight": load,
+        "kv_cache_allocation": 0.0,  # folded into the profile's load phase
+        "scheduler_e2e": load + graphs,
+        "tokenizer_e2e": load + graphs,
+    }
+
+
 def _like(batch: int | np.ndarray, values: np.ndarray) -> Any:
     """Return a float for scalar input, an array for array input."""
     if np.ndim(batch) == 0:

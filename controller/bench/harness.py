@@ -32,7 +32,7 @@ from policies.hybrid_decide import rewrites_table
 from policies.observation import diff
 from policies.types import Action, Decision, Reason, Snapshot
 from simulator.engine import WindowEngine
-from simulator.model import SimProfile
+from simulator.model import SimProfile, startup_times
 
 
 @dataclass(frozen=True)
@@ -221,6 +221,7 @@ class VirtualServer(ServerCounters):
             spec_accept_length=accept_len,
             spec_accept_rate=accept_rate,
             spec_num_steps=num_steps,
+            startup_s=startup_times(self.sim.restart_phases_s(spec))["tokenizer_e2e"],
             **self._counter_fields(spec.speculative),
         )
 

@@ -166,6 +166,8 @@ def mean_replica(observations: Sequence[Observation]) -> Observation | None:
         workloads=workloads,
         accepted_drafts_hist=hist,
         counter_reset=any(o.counter_reset for o in obs),
+        # A rolling restart waits for each batch's slowest boot.
+        startup_s=max((o.startup_s for o in obs if o.startup_s is not None), default=None),
     )
 
 

@@ -80,6 +80,9 @@ def test_restart_downtime_and_observations() -> None:
     assert after.moments is not None and after.moments.n_steps > 0
     assert after.accepted_drafts_hist is not None and len(after.accepted_drafts_hist) == 3
     assert after.spec_accept_length is not None and 1.0 < after.spec_accept_length < 3.0
+    # The boot the server reports: the restart but for the warmup after the engine's clock.
+    warmup = sc.sim_profile().restart.warmup_s
+    assert warmup > 0 and after.startup_s == pytest.approx(restart - warmup)
     # Per-workload series appear on first use (Prometheus labels): known from the next window.
     final = pol.obs[-1].workloads
     assert {w.workload for w in final} == {"chat", "code"}

@@ -214,6 +214,30 @@ def test_non_finite_values_are_missing() -> None:
     json.dumps(out, allow_nan=False)
 
 
+def test_startup_gauge_is_the_engines_boot() -> None:
+    # The simulator's exposition (SGLang 0.5.23's families and labels): tokenizer_e2e.
+    assert _parse("sim-baseline.prom").startup_s == pytest.approx(95.65217391304347)
+    # Eras without the gauge: missing, never 0.
+    assert _parse("sglang-0.4.6-eagle-tp1.prom").startup_s is None
+
+    def startup(*lines: str) -> float | None:
+        text = "# TYPE sglang:startup_time_seconds gauge\n" + "".join(
+            f"sglang:startup_time_seconds{{{ln}\n" for ln in lines
+        )
+        return parse_exposition(text, profile="p", t_s=0.0).startup_s
+
+    # tokenizer_e2e (launch to ready) over scheduler_e2e, whatever the order.
+    assert startup('phase="scheduler_e2e"} 90', 'phase="tokenizer_e2e"} 120') == 120.0
+    assert startup('phase="load_weight"} 60', 'phase="scheduler_e2e"} 90') == 90.0
+    # Several series of one phase (custom label sets): the slowest.
+    assert startup('a="1",phase="tokenizer_e2e"} 80', 'a="2",phase="tokenizer_e2e"} 85') == 85.0
+    # A gauge not set yet (0), a NaN, or only phases that are parts of the boot: unknown.
+    assert startup('phase="tokenizer_e2e"} 0') is None
+    assert startup('a="1",phase="tokenizer_e2e"} NaN', 'a="2",phase="tokenizer_e2e"} 85') is None
+    assert startup('phase="load_weight"} 60') is None
+    assert snapshot_to_json(_parse("sim-baseline.prom"))["startup_s"] == pytest.approx(95.652, 1e-4)
+
+
 def test_custom_workload_label_name() -> None:
     text = (
         "# TYPE sglang:generation_tokens_total counter\n"

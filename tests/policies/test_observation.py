@@ -93,19 +93,28 @@ def test_vanished_series_is_missing() -> None:
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, -1.0])
 def test_non_finite_or_negative_values_are_missing(bad: float) -> None:
     a = snap(0, decode_tokens=10.0, generation_tokens={"chat": 1.0}, running_reqs=1.0)
-    b = snap(10, decode_tokens=bad, generation_tokens={"chat": bad}, running_reqs=bad)
+    b = snap(
+        10, decode_tokens=bad, generation_tokens={"chat": bad}, running_reqs=bad, startup_s=bad
+    )
     o = diff(a, b)
     assert o.decode_tokens is None and o.generation_tokens is None and o.running_reqs is None
+    assert o.startup_s is None
     assert not o.counter_reset
 
 
 def test_profile_change_is_not_a_same_profile_window() -> None:
     a = snap(0, profile="baseline", generation_tokens={"chat": 100.0}, decode_tokens=50.0)
     b = snap(
-        10, profile="eagle2", generation_tokens={"chat": 5.0}, decode_tokens=9.0, running_reqs=2.0
+        10,
+        profile="eagle2",
+        generation_tokens={"chat": 5.0},
+        decode_tokens=9.0,
+        running_reqs=2.0,
+        startup_s=95.0,
     )
     o = diff(a, b)
     assert o.counter_reset and o.profile == "eagle2"
+    assert o.startup_s == 95.0  # the new server's boot, a gauge: read in its first window
     assert o.generation_tokens is None and o.decode_tokens is None and o.workloads == ()
     assert o.moments is None and o.accepted_drafts_hist is None
     assert o.running_reqs == 2.0

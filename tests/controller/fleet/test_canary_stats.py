@@ -170,6 +170,9 @@ def test_mean_replica_keeps_one_replica_scale() -> None:
     assert m.decode_tokens == 2000.0 and m.running_reqs == 6.0
     assert m.moments is not None and m.moments.sum_bs / m.moments.n_steps == pytest.approx(6.0)
     assert m.workloads[0].requests == 4.0
+    # A rolling restart waits for its slowest boot.
+    slow = mean_replica([replace(_obs(1.0, 1.0), startup_s=200.0), _obs(1.0, 1.0)])
+    assert slow is not None and slow.startup_s == 200.0 and m.startup_s is None
     assert mean_replica([]) is None
     with pytest.raises(ValueError, match="one profile"):
         mean_replica([_obs(1.0, 1.0), _obs(1.0, 1.0, profile="q")])
