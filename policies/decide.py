@@ -121,8 +121,14 @@ class PolicySettings:
     # undoes the first before it could have paid for its restart.
     amortisation_horizon_s: float = 3600.0
     # Restart time of a profile never restarted yet (seconds): "a restart of a large model costs
-    # minutes" (FIELD.md); the simulator's field profile needs ~140 s (load + capture + warmup).
+    # minutes" (FIELD.md); the simulator's field profile needs ~230 s (load + capture + warmup).
+    # A longer boot reported by a server of the deployment raises it (_restart).
     restart_prior_s: float = 180.0
+    # What a restart takes beyond the boot a server reports (sglang:startup_time_seconds, from
+    # the engine's launch until its schedulers are ready): stopping the old server, the process
+    # start before the engine's clock, the warmup request and the health poll. Seconds, not
+    # minutes; measured restarts replace the estimate it is part of.
+    restart_overhead_s: float = 10.0
     # Weight of each measured restart in the learned restart time (EW mean): restarts vary with
     # page cache and graph capture, so one measurement moves the estimate halfway.
     restart_learning_rate: float = 0.5
@@ -291,6 +297,8 @@ class PolicyState:
     last_change_s: float | None = None
     switches: list[dict[str, Any]] = field(default_factory=list)
     restart_s: dict[str, float] = field(default_factory=dict)
+    # Per profile, the boot its latest server reported (Observation.startup_s).
+    startup_s: dict[str, float] = field(default_factory=dict)
     failed: dict[str, float] = field(default_factory=dict)
     pending: dict[str, Any] | None = None
     trial: dict[str, Any] | None = None
@@ -382,6 +390,7 @@ class PolicyState:
             "last_change_s": self.last_change_s,
             "switches": [dict(s) for s in self.switches],
             "restart_s": dict(self.restart_s),
+            "startup_s": dict(self.startup_s),
             "failed": dict(self.failed),
             "pending": _jsonable(self.pending),
             "trial": _jsonable(self.trial),
@@ -422,6 +431,7 @@ class PolicyState:
             last_change_s=d.get("last_change_s"),
             switches=[dict(s) for s in d.get("switches", [])],
             restart_s={k: float(v) for k, v in d.get("restart_s", {}).items()},
+            startup_s={k: float(v) for k, v in d.get("startup_s", {}).items()},
             failed={k: float(v) for k, v in d.get("failed", {}).items()},
             pending=_jsonable(d.get("pending")),
             trial=_jsonable(d.get("trial")),
@@ -790,6 +800,8 @@ def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
     if state.last_window_t_s is not None and obs.t_s <= state.last_window_t_s:
         return "stale"
     state.last_window_t_s = obs.t_s
+    if obs.startup_s is not None and math.isfinite(obs.startup_s) and obs.startup_s > 0:
+        state.startup_s[obs.profile] = float(obs.startup_s)
     if obs.profile != state.running:
         # The server runs something else than the policy thought (a restart outside decide):
         # adopt it; this window straddles the change, so it is not evidence.
@@ -893,7 +905,7 @@ def _adopt(
     learned_restart_s: float | None,
 ) -> None:
     if learned_restart_s is not None and math.isfinite(learned_restart_s) and learned_restart_s > 0:
-        old = state.restart_s.get(profile, s.restart_prior_s)
+        old = _restart(state, profile, s)
         lr = s.restart_learning_rate
         state.restart_s[profile] = (1.0 - lr) * old + lr * learned_restart_s
     state.boot_ref = {
@@ -934,10 +946,18 @@ def _sd(e: Estimate) -> float:
 def _restart(state: PolicyState, profile: str, s: PolicySettings) -> float:
     """The profile's learned restart time; for one never restarted, the longest learned for
     another (restarts of one model differ mostly by the CUDA graphs captured, and an adaptive
-    profile captures a graph per tier: the cautious guess), else the prior."""
+    profile captures a graph per tier: the cautious guess), else the prior, raised to the boot
+    a server reported (`startup_s`: its own, else the longest of another's) plus
+    `restart_overhead_s`. A reported boot is a lower bound, not an estimate: a restart also
+    stops the old server, starts the process and warms up, which the engine's clock does not
+    see, so it raises the prior where it is longer and leaves it where it is shorter (stress
+    a12: a 10-minute restart priced at the 3-minute prior was paid inside an 8-stream start
+    where it cost five times what it would have later)."""
     if profile in state.restart_s:
         return state.restart_s[profile]
-    return max(state.restart_s.values(), default=s.restart_prior_s)
+    estimate = max(state.restart_s.values(), default=s.restart_prior_s)
+    boot = state.startup_s.get(profile, max(state.startup_s.values(), default=None))
+    return estimate if boot is None else max(estimate, boot + s.restart_overhead_s)
 
 
 def _restarts_last_hour(state: PolicyState, now_s: float) -> int:

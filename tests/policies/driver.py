@@ -5,7 +5,7 @@ in controller/bench)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from policies.decide import PolicySettings, PolicyState, decide, initial_state, on_switch_done
 from policies.types import Action, Decision, Overrides
@@ -23,6 +23,8 @@ class Driver:
     window_s: float = 10.0
     t: float = 0.0
     fail_next_start: bool = False
+    # The boot every server reports (Observation.startup_s), None: not reported.
+    startup_s: float | None = None
 
     def __post_init__(self) -> None:
         self.syn = Synth(seed=self.seed)
@@ -52,6 +54,7 @@ class Driver:
         obs = None
         if self.down_until is None and self.running != "down":
             obs = self.syn.window(SPECS[self.running], self.t, batch, alphas, mix, self.window_s)
+            obs = replace(obs, startup_s=self.startup_s)
             self.served += (
                 self.syn.true_tok_s(SPECS[self.running], batch, alphas, mix) * self.window_s
             )

@@ -330,6 +330,41 @@ def test_restart_time_is_learned() -> None:
     assert _restart(initial_state(PROFILES, "baseline", 0.0, S), "eagle2", S) == S.restart_prior_s
 
 
+def test_a_reported_boot_prices_restarts_before_one_is_measured() -> None:
+    # The same day twice: the exploration of eagle5 that a 3-minute prior pays for is declined
+    # when the server reports that it took almost an hour to boot.
+    quick = Driver("baseline", seed=12)
+    quick.run(120, 8, HI, MIX)
+    assert quick.switches()
+    slow = Driver("baseline", seed=12, restart_s=3000.0, startup_s=2990.0)
+    slow.run(120, 8, HI, MIX)
+    assert not slow.switches()
+    st = slow.state
+    assert st.startup_s == {"baseline": 2990.0}
+    assert _restart(st, "eagle5", S) == pytest.approx(2990.0 + S.restart_overhead_s)
+    # The first measured restart moves the estimate from the reported boot, not from the prior.
+    on_switch_done(st, "eagle5", True, 3010.0, slow.t + 10.0)
+    assert st.restart_s["eagle5"] == pytest.approx(0.5 * (3000.0) + 0.5 * 3010.0)
+
+
+def test_a_reported_boot_raises_the_restart_prior_and_never_lowers_it() -> None:
+    st = initial_state(PROFILES, "baseline", 0.0, S)
+    # A boot shorter than the prior is a lower bound below it: the prior stands.
+    st.startup_s["baseline"] = 100.0
+    assert _restart(st, "baseline", S) == S.restart_prior_s
+    assert _restart(st, "eagle2", S) == S.restart_prior_s
+    # A longer one raises it, for every profile never restarted (the others' boots count too).
+    st.startup_s["baseline"] = 400.0
+    assert _restart(st, "eagle2", S) == pytest.approx(400.0 + S.restart_overhead_s)
+    st.startup_s["eagle2"] = 300.0
+    assert _restart(st, "eagle2", S) == pytest.approx(300.0 + S.restart_overhead_s)
+    # A measured restart is the estimate, whatever was reported.
+    st.restart_s["eagle5"] = 500.0
+    assert _restart(st, "eagle5", S) == 500.0
+    assert _restart(st, "eagle2", S) == 500.0  # the longest learned of another, above the boot
+    assert PolicyState.from_dict(json.loads(json.dumps(st.to_dict()))).startup_s == st.startup_s
+
+
 def test_same_decisions_in_advisory_mode(warm_state) -> None:  # type: ignore[no-untyped-def]
     from policies.types import Mode
 
