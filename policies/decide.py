@@ -156,12 +156,26 @@ class PolicySettings:
     # 2-step between 0.73x and 1.26x of baseline, 5-step ~0.98x; 0.6-1.4 covers that with room.
     explore_prior_low_ratio: float = 0.6
     explore_prior_high_ratio: float = 1.4
+    # ... and of an unpredictable speculative profile's relative to the baseline's, where no
+    # speculative profile has run (nothing of the drafter or the verify is known): speculation
+    # over none reached 1.77x (GLM-4.7 MTP under SGLang's adaptive mode) and 3.2x (SmartSpec) in
+    # FIELD.md, so the upper end is 3.2x, and never more than the chain's steps + 1 (every draft
+    # accepted, a cycle no dearer than a decode step). The FIELD.md Kimi deployment alone (the
+    # 1.4 above) let a 3-minute prior restart pay for trying a chain, but a known 15-minute
+    # restart never (stress w6: a llama-8B day that speculation triples, stuck on baseline).
+    explore_prior_spec_high_ratio: float = 3.2
     # Information is valued over at most this long: traffic forecasts beyond an hour are not
     # evidence, and the expected remaining regime grows with its age without bound (Lindy), so
     # a value of information over the whole of it would in the end pay for any exploration
     # without anything having been learnt: a timer. A candidate declined at this full value
     # stays declined until its information state changes (a change point, a first prediction).
     explore_horizon_s: float = 3600.0
+    # ... or this many restarts of the running profile, where that is longer: whether a run
+    # repays its restarts is a question in units of the restart time, and the hour is 20 of
+    # the 3-minute prior's. A 15-minute restart gets 5 hours, not an hour that is only 4 of
+    # them, too few to repay any exploration short of a sure gain (stress a7: baseline, 47%
+    # better in expectation across three replicas, never tried behind a 15-minute restart).
+    explore_horizon_restarts: float = 20.0
     # Interval widening of a prediction whose data predates the last change point.
     stale_widen: float = 2.0
     # Minimum data before an estimate exists: windows, decode steps, verify calls, histogram
@@ -1010,17 +1024,26 @@ def _record_switch(
 
 
 def _prior_dist(
-    pred: ProfilePrediction | None, cur: float, s: PolicySettings
+    pred: ProfilePrediction | None,
+    cur: float,
+    s: PolicySettings,
+    spec: ProfileSpec | None = None,
+    running: ProfileSpec | None = None,
 ) -> tuple[str, float, float]:
     """("norm", mean, sd) from a prediction; ("unif", low, high) over a bound or a price whose
     accept length for a workload in the mix no chain has served (`unseen`: the other
     workloads' level is its mean, anywhere from 1 to steps + 1 its interval; where in it the
-    truth lies, nothing says), else around the running rate."""
+    truth lies, nothing says), else around the running rate: a speculative profile `spec`
+    weighed from a `running` baseline up to `explore_prior_spec_high_ratio` of it (at most
+    its steps + 1), anything else up to `explore_prior_high_ratio`."""
     if pred is not None and pred.tok_s is not None and (pred.bound or pred.unseen):
         return "unif", pred.tok_s.low, max(pred.tok_s.high, pred.tok_s.low * (1 + 1e-9))
     if pred is not None and pred.tok_s is not None and math.isfinite(_sd(pred.tok_s)):
         return "norm", pred.tok_s.mean, max(_sd(pred.tok_s), 1e-9 * max(cur, 1.0))
-    return "unif", s.explore_prior_low_ratio * cur, s.explore_prior_high_ratio * cur
+    high = s.explore_prior_high_ratio
+    if spec is not None and spec.speculative and running is not None and not running.speculative:
+        high = max(high, min(s.explore_prior_spec_high_ratio, float(spec.max_steps + 1)))
+    return "unif", s.explore_prior_low_ratio * cur, high * cur
 
 
 def _cdf(d: tuple[str, float, float], x: np.ndarray) -> np.ndarray:
@@ -1506,7 +1529,7 @@ def _choose(
         # at a detected change is as old as the evidence for it: expect it to last about as
         # long again (a burst just begun is worth nothing yet), at most what the history of
         # regimes says. The first regime's age is unknown (traffic predates the controller).
-        h_explore = min(horizon, s.explore_horizon_s)
+        h_explore = min(horizon, explore_cap_s(state, s))
         if state.last_change_s is not None:
             h_explore = min(h_explore, age)
         diag["explore_horizon_s"] = h_explore
@@ -1531,6 +1554,12 @@ def _choose(
     if best_name == state.running:
         return _hold(now_s, state, Reason.HOLD_BEST, diag)
     return _hold(now_s, state, Reason.HOLD_WITHIN_MARGIN, diag)
+
+
+def explore_cap_s(state: PolicyState, s: PolicySettings) -> float:
+    """The longest horizon information is valued over: `explore_horizon_s`, or
+    `explore_horizon_restarts` restarts of the running profile where that is longer."""
+    return max(s.explore_horizon_s, s.explore_horizon_restarts * _restart(state, state.running, s))
 
 
 def _undoes_exploration(state: PolicyState, target: str) -> bool:
@@ -1587,17 +1616,17 @@ def _exploration(
     one only shallower chains have served, whose accept length at this depth is the tail
     model's guess: `deeper_than_served`).
     The value is taken over `horizon` (the caller's conservative expected remaining regime,
-    at most `explore_horizon_s`); once weighed at that full value and declined, a candidate is
+    at most `explore_cap_s`); once weighed at that full value and declined, a candidate is
     not weighed again until its information state changes (regime, last model change,
     predicted at all, tried): neither time alone nor the noise of a stationary regime's
     estimates brings an exploration about.
 
     `scope` names what the information is valued over (default: the current regime; the
     long-run rule passes "long_run": the batch-size distribution, whatever regime is current)
-    and `full` whether `horizon` is the full value (default: horizon >= explore_horizon_s)."""
+    and `full` whether `horizon` is the full value (default: horizon >= explore_cap_s)."""
     specs = state.specs
     scope = scope if scope is not None else f"regime={state.regime_start_s!r}"
-    full = full if full is not None else horizon >= s.explore_horizon_s
+    full = full if full is not None else horizon >= explore_cap_s(state, s)
 
     def before(t: float | None, change: float | None) -> bool:
         return change is not None and (t is None or t < change)
@@ -1659,7 +1688,9 @@ def _exploration(
             and cross_predictable(specs[q], specs[r])
             and specs[r].num_steps < specs[q].num_steps
         ]
-        dists = [_prior_dist(preds.get(r), cur, s) for r in revealed]
+        dists = [
+            _prior_dist(preds.get(r), cur, s, specs[r], specs[state.running]) for r in revealed
+        ]
         useful_s = max(horizon - r_q - s.min_dwell_s, 0.0)
         value = _expected_excess(dists, cur) * useful_s
         p_worse, shortfall = _shortfall(dists[0], cur)

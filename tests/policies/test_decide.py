@@ -11,6 +11,7 @@ from policies.decide import (
     _restart,
     budget_exhausted,
     decide,
+    explore_cap_s,
     initial_state,
     on_switch_done,
     predictions,
@@ -363,6 +364,26 @@ def test_a_reported_boot_raises_the_restart_prior_and_never_lowers_it() -> None:
     assert _restart(st, "eagle5", S) == 500.0
     assert _restart(st, "eagle2", S) == 500.0  # the longest learned of another, above the boot
     assert PolicyState.from_dict(json.loads(json.dumps(st.to_dict()))).startup_s == st.startup_s
+
+
+def test_an_untried_chain_is_explored_behind_a_slow_restart() -> None:
+    # Baseline, nothing speculative ever run, a server that reports a 15-minute boot. A chain
+    # may multiply baseline's rate (FIELD.md: up to 3.2x): it is tried within the hour. Priced
+    # as the Kimi deployment's 0.6-1.4x alone, it is not worth two 15-minute restarts.
+    def first_hour(settings: PolicySettings) -> list[str]:
+        dr = Driver("baseline", settings=settings, seed=3, restart_s=900.0, startup_s=890.0)
+        dr.run(360, 8, HI, MIX)
+        return [d.profile for d in dr.switches() if d.reason is Reason.EXPLORE]
+
+    assert first_hour(S)[:1] in (["eagle2"], ["eagle5"])
+    assert first_hour(PolicySettings(explore_prior_spec_high_ratio=1.4)) == []
+
+
+def test_information_is_valued_over_twenty_restarts_when_they_outlast_the_hour() -> None:
+    st = initial_state(PROFILES, "baseline", 0.0, S)
+    assert explore_cap_s(st, S) == S.explore_horizon_s  # the 3-minute prior: the hour
+    st.startup_s["baseline"] = 890.0
+    assert explore_cap_s(st, S) == pytest.approx(S.explore_horizon_restarts * 900.0)
 
 
 def test_same_decisions_in_advisory_mode(warm_state) -> None:  # type: ignore[no-untyped-def]
