@@ -1,8 +1,9 @@
 """Why specpilot_hybrid stays on EAGLE-3 2-step at one stream (tuned-one-stream): its 3-step
 table is predicted ~1.5% faster, which is inside the switch rule's 2% model-error margin, and a
-run to find out (a restart) repays only over hours of remaining regime, longer than the hour
-information is valued over (PolicySettings.explore_horizon_s). The replay covers the first
-40 minutes of the scenario (the hybrid is weighed at the full horizon after ~31 minutes)."""
+run to find out (a restart) repays only over hours of remaining regime, longer than the
+horizon information is valued over (policies.decide.explore_cap_s: an hour, or 20 restarts of
+about 4 minutes here). The replay covers the first hour of the scenario (the hybrid is weighed
+at the full horizon after ~47 minutes)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from controller.bench import peers
 from controller.bench.harness import replay
 from controller.bench.scenario import HYBRID_PROFILE, load_scenario, shipped_scenarios_dir
+from policies.decide import explore_cap_s
 from policies.hybrid import parse_table, route
 from policies.types import Action, Decision, Observation
 
@@ -19,7 +21,7 @@ H = HYBRID_PROFILE
 
 @pytest.fixture(scope="module")
 def run() -> tuple[peers.SpecpilotHybrid, list[Decision]]:
-    sc = load_scenario(shipped_scenarios_dir() / "tuned-one-stream.toml").scaled(40.0 / 1440.0)
+    sc = load_scenario(shipped_scenarios_dir() / "tuned-one-stream.toml").scaled(60.0 / 1440.0)
     pol = peers.SpecpilotHybrid(sc.max_running_requests)
     log: list[Decision] = []
     tick = pol.tick
@@ -71,7 +73,7 @@ def test_exploring_it_is_weighed_and_declined_on_its_own_economics(
         d.diagnostics
         for d in log
         if f"explore_net_tokens.{H}" in d.diagnostics
-        and d.diagnostics.get("explore_horizon_s", 0.0) >= s.explore_horizon_s
+        and d.diagnostics.get("explore_horizon_s", 0.0) >= explore_cap_s(pol.state, s)
     ]
     assert full, "never weighed at the full information horizon"
     diag = full[-1]
