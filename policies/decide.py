@@ -160,10 +160,10 @@ class PolicySettings:
     # speculative profile has run (nothing of the drafter or the verify is known): speculation
     # over none reached 1.77x the throughput (GLM-4.7 MTP under SGLang's adaptive mode) and 3.2x
     # lower latency (SmartSpec) in FIELD.md, so the upper end is 3.2x, and never more than the
-    # chain's steps + 1 (every draft
-    # accepted, a cycle no dearer than a decode step). The FIELD.md Kimi deployment alone (the
-    # 1.4 above) let a 3-minute prior restart pay for trying a chain, but a known 15-minute
-    # restart never (stress w6: a llama-8B day that speculation triples, stuck on baseline).
+    # chain's steps + 1 (every draft accepted, a cycle no dearer than a decode step). The
+    # FIELD.md Kimi deployment alone (the 1.4 above) let a 3-minute prior restart pay for
+    # trying a chain, but a known 15-minute restart never (stress w6: a llama-8B day that
+    # speculation triples, stuck on baseline).
     explore_prior_spec_high_ratio: float = 3.2
     # Information is valued over at most this long: traffic forecasts beyond an hour are not
     # evidence, and the expected remaining regime grows with its age without bound (Lindy), so

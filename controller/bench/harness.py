@@ -146,6 +146,8 @@ class VirtualServer(ServerCounters):
         self._starts[profile] = n + 1
         self.profile = profile
         self.spec = self._spec(profile)
+        # What the launch's sglang:startup_time_seconds reports, set once at its boot.
+        self.startup_s = startup_times(self.sim.restart_phases_s(self.spec))["tokenizer_e2e"]
         self.engine = WindowEngine(
             self.sim,
             self.spec,
@@ -221,7 +223,7 @@ class VirtualServer(ServerCounters):
             spec_accept_length=accept_len,
             spec_accept_rate=accept_rate,
             spec_num_steps=num_steps,
-            startup_s=startup_times(self.sim.restart_phases_s(spec))["tokenizer_e2e"],
+            startup_s=self.startup_s,
             **self._counter_fields(spec.speculative),
         )
 
