@@ -495,6 +495,13 @@ def settings_from_dict(raw: Mapping[str, Any], *, source: str = "<config>") -> S
     return settings
 
 
+# PolicySettings fields that are facts of the deployment, set by the controller that runs it.
+DERIVED_POLICY_KEYS = {
+    "explore_canary_share": "the fleet controller sets it from [fleet] (1 / replicas with "
+    "canaries on, else 1)",
+}
+
+
 def policy_settings(settings: Settings, read_routing: bool = True) -> Any:
     """policies.decide.PolicySettings with the [policy] overrides applied (unknown key -> error).
     Where [policy] gives no MoE routing, it is read from the model's config.json
@@ -505,7 +512,10 @@ def policy_settings(settings: Settings, read_routing: bool = True) -> Any:
 
     defaults = PolicySettings()
     known = {f.name for f in dataclasses.fields(PolicySettings)}
+    known -= DERIVED_POLICY_KEYS.keys()
     for key, value in settings.policy.items():
+        if key in DERIVED_POLICY_KEYS:
+            raise ValueError(f"{key} is not a [policy] key: {DERIVED_POLICY_KEYS[key]}")
         if key not in known:
             raise ValueError(f"unknown key {key!r} (known: {', '.join(sorted(known))})")
         _check_policy_value(key, value, getattr(defaults, key))
@@ -573,6 +583,7 @@ def policy_help() -> list[tuple[str, Any, str]]:
     return [
         (f.name, getattr(defaults, f.name), notes.get(f.name, ""))
         for f in dataclasses.fields(PolicySettings)
+        if f.name not in DERIVED_POLICY_KEYS
     ]
 
 

@@ -177,6 +177,14 @@ class PolicySettings:
     # them, too few to repay any exploration short of a sure gain (stress a7: baseline, 47%
     # better in expectation across three replicas, never tried behind a 15-minute restart).
     explore_horizon_restarts: float = 20.0
+    # The share of the serving capacity an exploration restarts before its candidate has shown
+    # its rate: 1 on one server; 1 / N on a fleet of N replicas that tries a candidate on one
+    # canary replica first (controller.fleet sets it from [fleet]; not a [policy] key). The
+    # canary's restart, dwell and way back cost 1 / N of the whole fleet's; the other N - 1
+    # restart only if the candidate wins. Priced as a restart of every replica, a fleet's
+    # exploration needed about N times the gain (stress a7: baseline's canary, behind
+    # 15-minute restarts, 36 minutes in where 20 now).
+    explore_canary_share: float = 1.0
     # Interval widening of a prediction whose data predates the last change point.
     stale_widen: float = 2.0
     # Minimum data before an estimate exists: windows, decode steps, verify calls, histogram
@@ -1695,7 +1703,11 @@ def _exploration(
         useful_s = max(horizon - r_q - s.min_dwell_s, 0.0)
         value = _expected_excess(dists, cur) * useful_s
         p_worse, shortfall = _shortfall(dists[0], cur)
-        cost = cur * r_q + shortfall * s.min_dwell_s + p_worse * cur * r_back
+        # The candidate's own restart, its dwell below the running rate and, if worse, the way
+        # back, on the share of the capacity it is tried on; the rest restarts only if it wins.
+        f = s.explore_canary_share
+        trial = cur * r_q + shortfall * s.min_dwell_s + p_worse * cur * r_back
+        cost = f * trial + (1.0 - f) * (1.0 - p_worse) * cur * r_q
         net = value - cost
         diag[f"explore_net_tokens.{q}"] = net
         # The remaining regime over which this run would pay (value = cost): what a declined

@@ -265,6 +265,8 @@ def fleet_replay(
         fs,
         getattr(policy, "adaptive_table", None),
     )
+    if (on_fleet := getattr(policy, "on_fleet", None)) is not None:
+        on_fleet(fs)  # a policy that prices its switches by the fleet's (as FleetController)
     policy.start([catalog[p].spec for p in scenario.profiles], initial, 0.0)
     canary_index = list(range(n))[fs.canary_replica]
     everyone = list(range(n))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from controller import sglang_names as sg
 from controller.bench.scenario import ADAPTIVE_PROFILE, HYBRID_PROFILE, bench_profile
@@ -32,6 +32,9 @@ from policies.types import (
     Reason,
 )
 from simulator.model import SimProfile
+
+if TYPE_CHECKING:
+    from controller.fleet.settings import FleetSettings
 
 
 class BenchPolicy(Protocol):
@@ -309,6 +312,13 @@ class Specpilot:
 
     def switch_done(self, profile: str, ok: bool, downtime_s: float, now_s: float) -> None:
         self.state = self.policy.on_switch_done(self.state, profile, ok, downtime_s, now_s)
+
+    def on_fleet(self, fleet: FleetSettings) -> None:
+        """A fleet replay runs this policy over `fleet` (as controller.fleet.FleetController):
+        an exploration restarts its canary share of the replicas before the candidate wins."""
+        self.settings = dataclasses.replace(
+            self.settings, explore_canary_share=fleet.canary_share()
+        )
 
     # A fleet replay's canary (as controller.fleet.FleetController): a new boot of the
     # candidate beside the running profile, whose windows are evidence for its estimates.

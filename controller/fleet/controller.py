@@ -185,7 +185,9 @@ class FleetController:
         self.actuator = actuator or FleetActuator(settings, fleet, clock, client)
         self.observer = FleetObserver(client, {r.name: r.url for r in self.actuator.replicas})
         self.specs = settings.profile_specs()
-        self.psettings = policy_settings(settings)
+        self.psettings = replace(
+            policy_settings(settings), explore_canary_share=fleet.canary_share()
+        )
         self.mode: Mode = settings.controller.mode
         self.overrides = Overrides(mode=self.mode)
         self.running: str | None = None

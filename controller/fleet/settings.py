@@ -171,6 +171,12 @@ class FleetSettings(_Frozen):
             list(self.ports) if self.ports else [self.base_port + i for i in range(self.replicas)]
         )
 
+    def canary_share(self) -> float:
+        """The share of the fleet an exploration restarts before its candidate has shown its
+        rate (policies.decide's explore_canary_share): one replica of N with canaries on,
+        the whole fleet without them."""
+        return 1.0 / self.replicas if self.canary.enabled and self.replicas >= 2 else 1.0
+
     def max_unavailable(self) -> int:
         """How many replicas may be out of the router at once."""
         return max(1, math.floor(self.max_unavailable_fraction * self.replicas + 1e-9))

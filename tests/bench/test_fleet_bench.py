@@ -218,6 +218,20 @@ def test_the_policy_sees_the_mean_replica() -> None:
     assert per_replica == pytest.approx(observed / 4, rel=0.01)
 
 
+@pytest.mark.parametrize("canary", [True, False])
+def test_specpilot_prices_explorations_by_the_fleets_canary(canary: bool) -> None:
+    """As FleetController: a fleet replay tells specpilot the share of the fleet an
+    exploration restarts first (one replica of four with canaries on, all four without)."""
+    sc = fleet_scenario(
+        replicas=4,
+        phases=[{"duration_s": 120, "concurrency": 48, "workloads": {"chat": 1.0}}],
+    )
+    pol = Specpilot()
+    assert pol.settings.explore_canary_share == 1.0  # one server
+    fb.fleet_replay(sc, pol, canary=canary)
+    assert pol.settings.explore_canary_share == (0.25 if canary else 1.0)
+
+
 class _SwitchOnce:
     """Asks for `target` at every window until it runs; records switch_done."""
 

@@ -66,6 +66,10 @@ def test_example_config_for_real_sglang_is_advisory() -> None:
         ("[profiles.baseline]\nflags=['--port','1']\n", "set by [server]"),
         ("[policy]\nno_such_knob = 1\n[profiles.baseline]\n", "no_such_knob"),
         (
+            "[policy]\nexplore_canary_share = 0.5\n[profiles.baseline]\n",
+            "explore_canary_share is not a [policy] key: the fleet controller sets it",
+        ),
+        (
             "[policy]\nboot_carryover_max_windows = 'many'\n[profiles.baseline]\n",
             "boot_carryover_max_windows: must be a finite number",
         ),

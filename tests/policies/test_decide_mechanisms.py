@@ -585,3 +585,59 @@ def test_a_gain_too_small_to_repay_its_restart_leaves_exploration_to_be_weighed(
     crafted["eagle5"] = Estimate(95.0, 94.0, 96.0, 100)
     _, d4 = dm._choose(st3, now, S, {})
     assert d4.action is Action.SWITCH and d4.reason is Reason.EXPLORE and d4.profile == "hybrid"
+
+
+def _weigh_eagle2(
+    monkeypatch: pytest.MonkeyPatch,
+    band: tuple[float, float],
+    restart_s: float,
+    candidate: str = "eagle2",
+    **over: float,
+) -> tuple[Action, dict]:
+    """Baseline runs at 100 tok/s four hours into its regime, 5-step is known worse (90), and
+    the candidate (2-step, or an adaptive profile), never run, is priced anywhere in `band`;
+    every restart takes `restart_s`. What the policy does with the exploration of the
+    candidate, and its diagnostics."""
+    import policies.decide as dm
+    from tests.policies.test_hybrid_self_correction import HYB, TABLE
+
+    s = dataclasses.replace(S, **over)
+    profiles = [p for p in PROFILES if p.name in ("baseline", "eagle5", candidate)]
+    tables = {}
+    if candidate == HYB.name:
+        profiles.append(HYB)
+        tables = {HYB.name: {"table": TABLE}}
+    st = initial_state(profiles, "baseline", 0.0, s, adaptive_tables=tables)
+    st.tried |= {"eagle5"}
+    st.restart_s = dict.fromkeys(("baseline", "eagle5", candidate), restart_s)
+    crafted = {
+        "baseline": Estimate(100.0, 99.0, 101.0, 100),
+        "eagle5": Estimate(90.0, 89.0, 91.0, 100),
+        candidate: Estimate(sum(band) / 2, band[0], band[1], 10),
+    }
+    monkeypatch.setattr(
+        dm,
+        "_decode_predictions",
+        lambda state, widen: [ProfilePrediction(n, e) for n, e in crafted.items()],
+    )
+    _, d = dm._choose(st, 4 * 3600.0, s, diag := {})
+    assert d.action is Action.HOLD or (d.reason is Reason.EXPLORE and d.profile == candidate)
+    return d.action, diag
+
+
+def test_a_fleets_exploration_is_priced_on_its_canary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet tries a candidate on one canary replica first (stress a7), so the
+    restart, the dwell below the running rate and the way back if it is worse cost one
+    replica's share; the others restart only if it wins. Priced as a whole-fleet restart, a
+    15-minute restart left 2-step (85-125% of baseline) untried; on one replica of three it
+    pays. On one server (share 1) the price is the whole restart, as before."""
+    band = (85.0, 125.0)
+    one, d1 = _weigh_eagle2(monkeypatch, band, 900.0)
+    canary, d3 = _weigh_eagle2(monkeypatch, band, 900.0, explore_canary_share=1 / 3)
+    assert one is Action.HOLD and canary is Action.SWITCH
+    assert d3["explore_net_tokens.eagle2"] > d1["explore_net_tokens.eagle2"]
+    # The others still restart if it wins: a narrow band (95-110%) does not pay on a canary
+    # either.
+    assert _weigh_eagle2(monkeypatch, (95.0, 110.0), 900.0, explore_canary_share=1 / 3)[0] is (
+        Action.HOLD
+    )

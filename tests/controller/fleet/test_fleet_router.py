@@ -182,6 +182,8 @@ async def test_canary_of_a_worse_profile_is_rolled_back(tmp_path: Path) -> None:
     clock = ScaledClock(SPEED)
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
         ctl = FleetController(settings, fleet, clock=clock, client=client)
+        # Its explorations are priced on the canary's share of the fleet: one replica of 3.
+        assert ctl.psettings.explore_canary_share == pytest.approx(1 / 3)
         try:
             await ctl.startup()
             load = LoadGenerator(fleet.router.base_url, concurrency=6, mix={"chat": 1.0})

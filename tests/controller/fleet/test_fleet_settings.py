@@ -26,6 +26,17 @@ def test_ports_and_max_unavailable() -> None:
     assert FleetSettings(replicas=4, max_unavailable_fraction=0.5).max_unavailable() == 2
 
 
+def test_an_exploration_restarts_the_canarys_share_of_the_fleet() -> None:
+    """policies.decide prices an exploration's restart, dwell and way back on the replicas it
+    runs on before the candidate has shown its rate: the canary, one of N; all of them where
+    a switch rolls straight through (canaries off, or one replica)."""
+    assert FleetSettings(replicas=3).canary_share() == pytest.approx(1 / 3)
+    assert FleetSettings(replicas=8).canary_share() == pytest.approx(1 / 8)
+    assert FleetSettings(replicas=3, canary={"enabled": False}).canary_share() == 1.0
+    assert FleetSettings(replicas=1).canary_share() == 1.0
+    assert FleetSettings().canary_share() == 1.0
+
+
 @pytest.mark.parametrize(
     ("raw", "match"),
     [
