@@ -1701,7 +1701,7 @@ def _exploration(
             _prior_dist(preds.get(r), cur, s, specs[r], specs[state.running]) for r in revealed
         ]
         useful_s = max(horizon - r_q - s.min_dwell_s, 0.0)
-        value = _expected_excess(dists, cur) * useful_s
+        value = _explore_gain(dists, cur, s, specs[q]) * useful_s
         p_worse, shortfall = _shortfall(dists[0], cur)
         # The candidate's own restart, its dwell below the running rate and, if worse, the way
         # back, on the share of the capacity it is tried on; the rest restarts only if it wins.
@@ -1712,7 +1712,7 @@ def _exploration(
         diag[f"explore_net_tokens.{q}"] = net
         # The remaining regime over which this run would pay (value = cost): what a declined
         # candidate lacks, next to the horizon information is valued over.
-        diag[f"explore_breakeven_s.{q}"] = _breakeven_s(dists, cur, cost, r_q, s)
+        diag[f"explore_breakeven_s.{q}"] = _breakeven_s(dists, cur, cost, r_q, s, specs[q])
         if net <= 0:
             if full:
                 state.explore_declined[q] = info
@@ -1724,16 +1724,35 @@ def _exploration(
     return best[1]
 
 
+def _explore_gain(
+    dists: Sequence[tuple[str, float, float]], cur: float, s: PolicySettings, spec: ProfileSpec
+) -> float:
+    """What an exploration of `spec` is expected to add per second of the regime: the expected
+    excess of the best profile it reveals over the running rate, less the switch rule's fixed
+    margin (margin_frac x cur: what the model cannot see of a profile it has not run, scheduling
+    and a speculative server's draft prefill). An exploration expected to clear no more than
+    that is a bet on the model's blind spots (concurrency-cycle: baseline, explored from 2-step
+    at 64 streams on an expected net of about zero, was 11% slower; a random MoE day explored
+    baseline so at one stream, then chased a mispriced 1-step at 64: 0.541 of oracle_dp, 0.982
+    without that run). An adaptive profile is not charged it: what its price cannot see is in
+    its favour (it picks its tier per batch, and its price is the tier for the mean batch);
+    charged it, specpilot_hybrid never explored it on stress a2, b2 and z4, where it serves
+    12-14% above oracle_dp."""
+    excess = _expected_excess(dists, cur)
+    return excess if spec.adaptive else excess - s.margin_frac * cur
+
+
 def _breakeven_s(
     dists: Sequence[tuple[str, float, float]],
     cur: float,
     cost: float,
     restart_s: float,
     s: PolicySettings,
+    spec: ProfileSpec,
 ) -> float:
-    """The horizon at which an exploration's value (expected excess x useful seconds) equals
-    its cost: restart and dwell plus cost / expected excess (inf without any upside)."""
-    excess = _expected_excess(dists, cur)
+    """The horizon at which an exploration's value (expected gain x useful seconds) equals
+    its cost: restart and dwell plus cost / expected gain (inf without any upside)."""
+    excess = _explore_gain(dists, cur, s, spec)
     if not excess > 0:
         return math.inf
     return restart_s + s.min_dwell_s + cost / excess

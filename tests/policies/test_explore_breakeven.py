@@ -7,9 +7,14 @@ import math
 
 import pytest
 
-from policies.decide import PolicySettings, _breakeven_s, _expected_excess
+from policies.decide import PolicySettings, _breakeven_s, _expected_excess, _explore_gain
+from policies.types import ProfileSpec
 
 S = PolicySettings()
+CHAIN = ProfileSpec("eagle2", num_steps=2, draft_tokens=3, algorithm="EAGLE3")
+ADAPTIVE = ProfileSpec(
+    "hybrid", num_steps=2, draft_tokens=3, algorithm="EAGLE3", adaptive=True, candidate_steps=(2,)
+)
 
 
 @pytest.mark.parametrize(
@@ -21,16 +26,24 @@ S = PolicySettings()
         ([("norm", 95.0, 1.0), ("unif", 60.0, 120.0)], 90.0),
     ],
 )
+@pytest.mark.parametrize("spec", [CHAIN, ADAPTIVE], ids=["chain", "adaptive"])
 def test_value_equals_cost_at_the_breakeven_horizon(
-    dists: list[tuple[str, float, float]], cur: float
+    dists: list[tuple[str, float, float]], cur: float, spec: ProfileSpec
 ) -> None:
     restart = 200.0
     cost = cur * restart + 300.0
-    h = _breakeven_s(dists, cur, cost, restart, S)
-    excess = _expected_excess(dists, cur)
+    h = _breakeven_s(dists, cur, cost, restart, S, spec)
+    gain = _explore_gain(dists, cur, S, spec)
+    # A chain's gain is the expected excess less the switch margin; an adaptive profile's is not
+    # charged the margin.
+    margin = 0.0 if spec.adaptive else S.margin_frac * cur
+    assert gain == pytest.approx(_expected_excess(dists, cur) - margin)
+    if gain <= 0:  # no upside past the margin: no horizon repays it
+        assert h == math.inf
+        return
 
     def net(horizon: float) -> float:
-        return excess * max(horizon - restart - S.min_dwell_s, 0.0) - cost
+        return gain * max(horizon - restart - S.min_dwell_s, 0.0) - cost
 
     assert math.isfinite(h) and h > restart + S.min_dwell_s
     assert net(h) == pytest.approx(0.0, abs=1e-6 * cost)
@@ -38,4 +51,8 @@ def test_value_equals_cost_at_the_breakeven_horizon(
 
 
 def test_no_upside_never_breaks_even() -> None:
-    assert _breakeven_s([("norm", 50.0, 1e-9)], 90.0, 1000.0, 180.0, S) == math.inf
+    for spec in (CHAIN, ADAPTIVE):
+        assert _breakeven_s([("norm", 50.0, 1e-9)], 90.0, 1000.0, 180.0, S, spec) == math.inf
+    # Within the margin is no upside for a chain: 1.2% expected over 90 tok/s, a 2% margin.
+    assert _breakeven_s([("norm", 91.1, 1e-9)], 90.0, 1000.0, 180.0, S, CHAIN) == math.inf
+    assert math.isfinite(_breakeven_s([("norm", 91.1, 1e-9)], 90.0, 1000.0, 180.0, S, ADAPTIVE))
