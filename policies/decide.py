@@ -1701,7 +1701,8 @@ def _exploration(
             _prior_dist(preds.get(r), cur, s, specs[r], specs[state.running]) for r in revealed
         ]
         useful_s = max(horizon - r_q - s.min_dwell_s, 0.0)
-        value = _explore_gain(dists, cur, s, specs[q]) * useful_s
+        gain = _explore_gain(dists, cur, s, specs[q])
+        value = gain * useful_s
         p_worse, shortfall = _shortfall(dists[0], cur)
         # The candidate's own restart, its dwell below the running rate and, if worse, the way
         # back, on the share of the capacity it is tried on; the rest restarts only if it wins.
@@ -1712,7 +1713,7 @@ def _exploration(
         diag[f"explore_net_tokens.{q}"] = net
         # The remaining regime over which this run would pay (value = cost): what a declined
         # candidate lacks, next to the horizon information is valued over.
-        diag[f"explore_breakeven_s.{q}"] = _breakeven_s(dists, cur, cost, r_q, s, specs[q])
+        diag[f"explore_breakeven_s.{q}"] = _breakeven_s(gain, cost, r_q, s)
         if net <= 0:
             if full:
                 state.explore_declined[q] = info
@@ -1742,20 +1743,12 @@ def _explore_gain(
     return excess if spec.adaptive else excess - s.margin_frac * cur
 
 
-def _breakeven_s(
-    dists: Sequence[tuple[str, float, float]],
-    cur: float,
-    cost: float,
-    restart_s: float,
-    s: PolicySettings,
-    spec: ProfileSpec,
-) -> float:
-    """The horizon at which an exploration's value (expected gain x useful seconds) equals
-    its cost: restart and dwell plus cost / expected gain (inf without any upside)."""
-    excess = _explore_gain(dists, cur, s, spec)
-    if not excess > 0:
+def _breakeven_s(gain: float, cost: float, restart_s: float, s: PolicySettings) -> float:
+    """The horizon at which an exploration's value (`gain`, _explore_gain, x useful seconds)
+    equals its cost: restart and dwell plus cost / gain (inf without any upside)."""
+    if not gain > 0:
         return math.inf
-    return restart_s + s.min_dwell_s + cost / excess
+    return restart_s + s.min_dwell_s + cost / gain
 
 
 def _info_key(state: PolicyState, scope: str, unpredicted: bool, tried: bool) -> str:

@@ -316,9 +316,7 @@ class Specpilot:
     def on_fleet(self, fleet: FleetSettings) -> None:
         """A fleet replay runs this policy over `fleet` (as controller.fleet.FleetController):
         an exploration restarts its canary share of the replicas before the candidate wins."""
-        self.settings = dataclasses.replace(
-            self.settings, explore_canary_share=fleet.canary_share()
-        )
+        self.settings = fleet.policy_settings(self.settings)
 
     # A fleet replay's canary (as controller.fleet.FleetController): a new boot of the
     # candidate beside the running profile, whose windows are evidence for its estimates.

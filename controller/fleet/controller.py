@@ -185,9 +185,7 @@ class FleetController:
         self.actuator = actuator or FleetActuator(settings, fleet, clock, client)
         self.observer = FleetObserver(client, {r.name: r.url for r in self.actuator.replicas})
         self.specs = settings.profile_specs()
-        self.psettings = replace(
-            policy_settings(settings), explore_canary_share=fleet.canary_share()
-        )
+        self.psettings = fleet.policy_settings(policy_settings(settings))
         self.mode: Mode = settings.controller.mode
         self.overrides = Overrides(mode=self.mode)
         self.running: str | None = None

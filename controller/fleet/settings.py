@@ -9,12 +9,14 @@ anything or touch the network.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policies.canary import CanaryTestSettings
+from policies.decide import PolicySettings
 
 
 class _Frozen(BaseModel):
@@ -176,6 +178,10 @@ class FleetSettings(_Frozen):
         rate (policies.decide's explore_canary_share): one replica of N with canaries on,
         the whole fleet without them."""
         return 1.0 / self.replicas if self.canary.enabled and self.replicas >= 2 else 1.0
+
+    def policy_settings(self, psettings: PolicySettings) -> PolicySettings:
+        """`psettings` as this fleet runs the policy: with its canary share."""
+        return dataclasses.replace(psettings, explore_canary_share=self.canary_share())
 
     def max_unavailable(self) -> int:
         """How many replicas may be out of the router at once."""

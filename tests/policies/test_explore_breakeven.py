@@ -32,8 +32,8 @@ def test_value_equals_cost_at_the_breakeven_horizon(
 ) -> None:
     restart = 200.0
     cost = cur * restart + 300.0
-    h = _breakeven_s(dists, cur, cost, restart, S, spec)
     gain = _explore_gain(dists, cur, S, spec)
+    h = _breakeven_s(gain, cost, restart, S)
     # A chain's gain is the expected excess less the switch margin; an adaptive profile's is not
     # charged the margin.
     margin = 0.0 if spec.adaptive else S.margin_frac * cur
@@ -52,7 +52,15 @@ def test_value_equals_cost_at_the_breakeven_horizon(
 
 def test_no_upside_never_breaks_even() -> None:
     for spec in (CHAIN, ADAPTIVE):
-        assert _breakeven_s([("norm", 50.0, 1e-9)], 90.0, 1000.0, 180.0, S, spec) == math.inf
+        assert (
+            _breakeven_s(_explore_gain([("norm", 50.0, 1e-9)], 90.0, S, spec), 1000.0, 180.0, S)
+            == math.inf
+        )
     # Within the margin is no upside for a chain: 1.2% expected over 90 tok/s, a 2% margin.
-    assert _breakeven_s([("norm", 91.1, 1e-9)], 90.0, 1000.0, 180.0, S, CHAIN) == math.inf
-    assert math.isfinite(_breakeven_s([("norm", 91.1, 1e-9)], 90.0, 1000.0, 180.0, S, ADAPTIVE))
+    assert (
+        _breakeven_s(_explore_gain([("norm", 91.1, 1e-9)], 90.0, S, CHAIN), 1000.0, 180.0, S)
+        == math.inf
+    )
+    assert math.isfinite(
+        _breakeven_s(_explore_gain([("norm", 91.1, 1e-9)], 90.0, S, ADAPTIVE), 1000.0, 180.0, S)
+    )
