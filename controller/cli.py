@@ -750,10 +750,14 @@ def scrape(
 def _register_benchmarks() -> None:
     """Benchmark commands live with their code; imported lazily so `specpilot status` stays fast."""
     from controller.bench.cli import bench as bench_cmd
+    from controller.bench.cli import generate_scenarios
     from controller.estimator_bench import bench_estimators_cmd
 
     app.command("bench", help="Replay scenarios in virtual time: specpilot vs peers and oracles.")(
         bench_cmd
+    )
+    app.command("generate-scenarios", help="Write random benchmark days in the scenario format.")(
+        generate_scenarios
     )
     app.command(
         "bench-estimators",

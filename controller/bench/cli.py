@@ -28,6 +28,46 @@ from controller.bench.scenario import Scenario, ScenarioError, load_scenario, sh
 HOURS_SCALE_ENV = "SPECPILOT_BENCH_HOURS_SCALE"
 
 
+def scenario_paths(given: list[Path]) -> list[Path]:
+    """The scenario files `--scenario` names: a file as given, a directory as every *.toml in
+    it (sorted). ScenarioError for a path that is neither, or a directory without one."""
+    out: list[Path] = []
+    for p in given:
+        if p.is_dir():
+            found = sorted(p.glob("*.toml"))
+            if not found:
+                raise ScenarioError(str(p), "--scenario", "directory holds no *.toml file")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ScenarioError(str(p), "--scenario", "no such file or directory")
+    return out
+
+
+def generate_scenarios(
+    out_dir: Annotated[Path, typer.Argument(help="Directory the files are written to.")],
+    seed: Annotated[int, typer.Option(help="Seed: the same seed writes the same days.")] = 0,
+    count: Annotated[int, typer.Option(min=1, help="How many days.")] = 30,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace files of the same names.")
+    ] = False,
+) -> None:
+    """Write COUNT random days in the scenario format (r<seed>-<i>.toml): built-in simulator
+    profiles, 2-3 EAGLE-3 chains and baseline, fleets, restart times, traffic and verify-cost
+    changes, drawn blind to specpilot's settings. Replay them with
+    `specpilot bench --scenario OUT_DIR`."""
+    from controller.bench.generate import generate, write
+
+    err = Console(stderr=True, soft_wrap=True)
+    try:
+        paths = write(generate(seed, count), out_dir, force=force)
+    except (FileExistsError, OSError) as e:
+        err.print(f"[red]specpilot generate-scenarios:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    typer.echo(f"wrote {len(paths)} scenarios to {out_dir}")
+
+
 def _run_one(args: tuple[Scenario, list[str] | None]) -> ScenarioResult:
     scenario, policies = args
     return run_scenario(scenario, policies)
@@ -39,7 +79,8 @@ def bench(
         typer.Option(
             "--scenario",
             "-s",
-            help="Scenario TOML file (repeatable). Default: every shipped scenario in scenarios/.",
+            help="Scenario TOML file, or a directory: every *.toml in it (repeatable). "
+            "Default: every shipped scenario in scenarios/.",
         ),
     ] = None,
     json_out: Annotated[
@@ -84,7 +125,11 @@ def bench(
     # Wide enough for the table when stdout is not a terminal (CI logs, pipes).
     console = Console(width=None if Console().is_terminal else 132)
     err = Console(stderr=True, soft_wrap=True)
-    paths = list(scenario) if scenario else shipped_scenarios()
+    try:
+        paths = scenario_paths(scenario) if scenario else shipped_scenarios()
+    except ScenarioError as e:
+        err.print(f"[red]specpilot bench:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
     if not paths:
         err.print("[red]specpilot bench:[/red] no scenario files given and none shipped")
         raise typer.Exit(2)
