@@ -1,8 +1,10 @@
-"""The `specpilot bench` command (a typer command function the main CLI registers).
+"""The `specpilot bench` and `specpilot generate-scenarios` commands (typer command functions
+the main CLI registers).
 
 Owns argument handling and friendly errors: a bad scenario file names the file and the key and
-exits 2; an unknown --policy lists the known ones. Everything else is delegated: runner (the
-work), report (tables, JSON, PNG).
+exits 2; a --scenario directory expands to its *.toml files; an unknown --policy lists the
+known ones; generate-scenarios never replaces a file unasked. Everything else is delegated:
+runner (the work), report (tables, JSON, PNG), generate (the random days).
 Must not: contain bench logic.
 
 Register it with `app.command("bench")(controller.bench.cli.bench)`; `python -m controller.bench`
@@ -62,7 +64,7 @@ def generate_scenarios(
     err = Console(stderr=True, soft_wrap=True)
     try:
         paths = write(generate(seed, count), out_dir, force=force)
-    except (FileExistsError, OSError) as e:
+    except OSError as e:  # a file in the way (then nothing was written), or no permission
         err.print(f"[red]specpilot generate-scenarios:[/red] {escape(str(e))}")
         raise typer.Exit(2) from None
     typer.echo(f"wrote {len(paths)} scenarios to {out_dir}")
