@@ -1,4 +1,5 @@
-"""Bench output: a rich table per scenario, the target checks, the JSON rows, a PNG per scenario.
+"""Bench output: a rich table per scenario, the target checks, a summary over the scenarios, the
+JSON rows, a PNG per scenario.
 
 Owns rendering only: what a row means is metrics.py's, how it was produced runner.py's.
 Must not: run replays or change results.
@@ -166,7 +167,36 @@ def print_results(
             ok, text = replay_budget(res.timings, res.scenario.duration_s)
             console.print(f"  {'[green]met[/green]   ' if ok else '[red]MISSED[/red]'} {text}")
         console.print()
+    if len(results) > 1:
+        console.print(summary_table(results))
+        console.print()
     return missed
+
+
+def summary_table(results: Sequence[ScenarioResult]) -> Table:
+    """Every policy row the scenarios share (static profiles differ from one scenario's set to
+    another's and are left out): the mean and the lowest ratio to oracle_dp and to the best
+    static profile over the scenarios, and in how many the row is at or above the issue's
+    TARGET_ORACLE_DP x oracle_dp. A ratio over no tokens (no traffic) counts in none."""
+    names = [r.policy for r in results[0].rows if not r.policy.startswith("static:")]
+    shared = [n for n in names if all(any(r.policy == n for r in res.rows) for res in results)]
+    t = Table(title=f"all {len(results)} scenarios", title_justify="left")
+    at_least = f">= {TARGET_ORACLE_DP:g} x oracle_dp"
+    for col in ("policy", "mean /oracle_dp", "min", "mean /best_static", at_least):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for name in shared:
+        rows = [r for res in results for r in res.rows if r.policy == name]
+        dp = [r.ratio_oracle_dp for r in rows if math.isfinite(r.ratio_oracle_dp)]
+        bs = [r.ratio_best_static for r in rows if math.isfinite(r.ratio_best_static)]
+        t.add_row(
+            name,
+            _fmt_ratio(sum(dp) / len(dp) if dp else math.nan),
+            _fmt_ratio(min(dp) if dp else math.nan),
+            _fmt_ratio(sum(bs) / len(bs) if bs else math.nan),
+            f"{sum(x >= TARGET_ORACLE_DP for x in dp)} of {len(rows)}",
+            style="bold" if name == "specpilot" else None,
+        )
+    return t
 
 
 def json_rows(results: Sequence[ScenarioResult]) -> list[dict[str, object]]:

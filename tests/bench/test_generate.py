@@ -121,3 +121,50 @@ def test_bench_replays_a_generated_directory(tmp_path: Path) -> None:
     r = runner.invoke(_app(bench), ["--scenario", str(tmp_path / "nowhere")])
     assert r.exit_code == 2
     assert "no such file or directory" in r.output
+
+
+def test_the_summary_over_scenarios_averages_the_rows_they_share() -> None:
+    from rich.console import Console
+
+    from controller.bench.metrics import Row
+    from controller.bench.report import print_results, summary_table
+    from controller.bench.runner import ScenarioResult
+
+    def row(sc: str, pol: str, dp: float, bs: float) -> Row:
+        return Row(sc, pol, 1000.0 * dp, dp, bs, 0, 0, None, 0, 0.0)
+
+    def result(sc: str, rows: list[Row]) -> ScenarioResult:
+        return ScenarioResult(scenario=None, rows=rows, replays={}, measurements=None)  # type: ignore[arg-type]
+
+    a = result("a", [row("a", "specpilot", 0.96, 1.0), row("a", "static:eagle3-2step", 1, 1)])
+    a.rows += [
+        row("a", "oracle_dp", 1.0, 1.04),
+        row("a", "ucb", 0.8, 0.8),
+        row("a", "greedy", 1, 1),
+    ]
+    b = result("b", [row("b", "specpilot", 0.90, 0.94), row("b", "oracle_dp", 1.0, 1.1)])
+    b.rows.append(row("b", "ucb", float("nan"), float("nan")))  # no traffic: no ratio
+    t = summary_table([a, b])
+    cells = {c.header: list(c.cells) for c in t.columns}
+    # The rows both scenarios have; a static profile (another set's) and greedy (a's only) not.
+    assert cells["policy"] == ["specpilot", "oracle_dp", "ucb"]
+    assert cells["mean /oracle_dp"] == ["0.9300", "1.0000", "0.8000"]
+    assert cells["min"] == ["0.9000", "1.0000", "0.8000"]
+    assert cells["mean /best_static"] == ["0.9700", "1.0700", "0.8000"]
+    assert cells[">= 0.95 x oracle_dp"] == ["1 of 2", "2 of 2", "0 of 2"]
+    console = Console(record=True, width=200)
+    # One scenario: its own table says it all; two: the summary follows.
+    assert "all 2 scenarios" not in _printed(console, print_results, [a])
+    assert "all 2 scenarios" in _printed(console, print_results, [a, b])
+
+
+def _printed(console: object, fn: object, results: object) -> str:
+    from unittest import mock
+
+    with (
+        mock.patch("controller.bench.report.scenario_table", return_value=""),
+        mock.patch("controller.bench.report.target_checks", return_value=[]),
+        mock.patch("controller.bench.report.fleet_notes", return_value=[]),
+    ):
+        fn(results, console)  # type: ignore[operator]
+    return console.export_text()  # type: ignore[attr-defined]
