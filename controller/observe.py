@@ -221,8 +221,10 @@ def _startup(by_phase: Mapping[str, list[float]]) -> float | None:
     for phase in _STARTUP_PHASES:
         vals = by_phase.get(phase)
         if vals:
+            if not all(map(math.isfinite, vals)):
+                return None
             v = max(vals)
-            return v if math.isfinite(v) and v > 0.0 and all(map(math.isfinite, vals)) else None
+            return v if v > 0.0 else None
     return None
 
 

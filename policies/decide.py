@@ -1036,8 +1036,8 @@ def _prior_dist(
     pred: ProfilePrediction | None,
     cur: float,
     s: PolicySettings,
-    spec: ProfileSpec | None = None,
-    running: ProfileSpec | None = None,
+    spec: ProfileSpec,
+    running: ProfileSpec,
 ) -> tuple[str, float, float]:
     """("norm", mean, sd) from a prediction; ("unif", low, high) over a bound or a price whose
     accept length for a workload in the mix no chain has served (`unseen`: the other
@@ -1050,7 +1050,7 @@ def _prior_dist(
     if pred is not None and pred.tok_s is not None and math.isfinite(_sd(pred.tok_s)):
         return "norm", pred.tok_s.mean, max(_sd(pred.tok_s), 1e-9 * max(cur, 1.0))
     high = s.explore_prior_high_ratio
-    if spec is not None and spec.speculative and running is not None and not running.speculative:
+    if spec.speculative and not running.speculative:
         high = max(high, min(s.explore_prior_spec_high_ratio, float(spec.max_steps + 1)))
     return "unif", s.explore_prior_low_ratio * cur, high * cur
 

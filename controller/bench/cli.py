@@ -24,7 +24,13 @@ from rich.markup import escape
 
 from controller.bench.report import plot_scenario, print_results, write_json
 from controller.bench.runner import ScenarioResult, run_scenario
-from controller.bench.scenario import Scenario, ScenarioError, load_scenario, shipped_scenarios
+from controller.bench.scenario import (
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    scenario_files,
+    shipped_scenarios,
+)
 
 # CI-short mode without a flag: every phase duration is multiplied by this (e.g. 0.1).
 HOURS_SCALE_ENV = "SPECPILOT_BENCH_HOURS_SCALE"
@@ -36,7 +42,7 @@ def scenario_paths(given: list[Path]) -> list[Path]:
     out: list[Path] = []
     for p in given:
         if p.is_dir():
-            found = sorted(p.glob("*.toml"))
+            found = scenario_files(p)
             if not found:
                 raise ScenarioError(str(p), "--scenario", "directory holds no *.toml file")
             out.extend(found)

@@ -604,6 +604,11 @@ def shipped_scenarios_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "scenarios"
 
 
+def scenario_files(directory: Path) -> list[Path]:
+    """The scenario files (*.toml) in `directory`, sorted by name."""
+    return sorted(directory.glob("*.toml"))
+
+
 def shipped_scenarios() -> list[Path]:
     """The shipped scenario files, sorted by name."""
-    return sorted(shipped_scenarios_dir().glob("*.toml"))
+    return scenario_files(shipped_scenarios_dir())

@@ -32,7 +32,7 @@ def test_a_never_run_baseline_is_a_bound_that_holds_the_truth() -> None:
     assert cyc is not None
     assert base.cycle_s.high <= cyc.high and base.cycle_s.low >= cyc.low / 3 * 0.95 * 0.99
     assert SPECS["baseline"].name not in dr.state.tried
-    kind, lo, hi = _prior_dist(base, 100.0, dr.settings)
+    kind, lo, hi = _prior_dist(base, 100.0, dr.settings, SPECS["baseline"], SPECS["eagle2"])
     assert (kind, lo, hi) == ("unif", base.tok_s.low, base.tok_s.high)  # type: ignore[union-attr]
 
 
