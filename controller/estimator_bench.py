@@ -52,7 +52,8 @@ from controller.observe_fixtures import synth_large_exposition
 from policies.chain import expected_accept_length
 from policies.decide import PolicySettings, decide, initial_state
 from policies.decide import new_model as decide_new_model
-from policies.estimators import AGGREGATE, ThroughputModel
+from policies.estimators import ThroughputModel
+from policies.forgetting import AGGREGATE
 from policies.observation import diff
 from policies.types import Overrides, ProfileSpec, Snapshot
 from simulator.engine import WindowEngine

@@ -9,7 +9,7 @@ Conventions: `A` is the number of accepted drafts in one verify step (bonus excl
 accept length L = A + 1 counts the bonus token, as SGLang's `spec_accept_length` does. A
 histogram `hist[k]` counts verify steps (per sequence) that accepted exactly k drafts, k = 0..g.
 
-Must not: know about profiles, workloads, time, or decisions (estimators.py and decide.py do).
+Must not: know about profiles, workloads, time, or decisions (accept_length.py and decide.py do).
 """
 
 from __future__ import annotations

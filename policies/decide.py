@@ -71,6 +71,7 @@ import numpy as np
 from scipy.special import ndtr
 
 from policies import hybrid_decide
+from policies.accept_length import cross_predictable
 from policies.chain import Z90
 from policies.changepoint import (
     ChangeMonitor,
@@ -80,14 +81,9 @@ from policies.changepoint import (
     acceptance_finding,
     drift_finding,
 )
-from policies.estimators import (
-    ThroughputModel,
-    batch_bucket,
-    comparable_step_s,
-    cross_predictable,
-    spec_from_dict,
-    spec_to_dict,
-)
+from policies.cycle_time import comparable_step_s
+from policies.estimators import ThroughputModel
+from policies.forgetting import batch_bucket
 from policies.hybrid_decide import HybridState, LongRunState
 from policies.overhead import NonDecodeTime, wall_estimate
 from policies.trial import TrialOutcome, TrialSettings, assess_trial, beats
@@ -100,6 +96,8 @@ from policies.types import (
     ProfilePrediction,
     ProfileSpec,
     Reason,
+    spec_from_dict,
+    spec_to_dict,
 )
 
 

@@ -3,7 +3,7 @@ roofline fitted over every fixed profile's served batch sizes at once.
 
 Owns `ForwardCurve` and `fit_forward_curve`, and `line_pair`: which two known chain lengths a
 cost is read across at one batch size (the surface for a never-run chain, the hybrid tables for
-a tier no fixed profile has). `policies.estimators.CycleTimeSurface` centres on
+a tier no fixed profile has). `policies.cycle_time.CycleTimeSurface` centres on
 this curve its prediction of a profile never run (off the donor's served sizes), and of a run
 profile past its own largest served batch size, where a straight continuation of one profile's
 points would cross a bend it cannot see (issue 4: a 5-step at 48 streams is a 288-token forward

@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from policies.estimators import AGGREGATE, batch_bucket, decay
+from policies.forgetting import AGGREGATE, batch_bucket, decay
 from policies.hybrid import (
     DEFAULT_BUCKETS,
     AcceptModel,

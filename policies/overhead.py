@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from policies.estimators import decay
+from policies.forgetting import decay
 from policies.types import Estimate, Observation
 
 

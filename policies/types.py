@@ -1,10 +1,10 @@
 """Shared value types of the pure core: profiles, observations, estimates, overrides, decisions.
 
 Owns the vocabulary every layer speaks (controller builds Observations, store persists Decisions,
-the benchmark replays them). Plain frozen dataclasses and StrEnums only: no I/O, no clock, no
-framework imports. Times are seconds (`*_s`), rates tokens per second (`*_tok_s`); absolute times
-are whatever clock the caller passes in as `now_s` (the daemon uses UTC epoch seconds, the
-benchmark virtual seconds).
+the benchmark replays them). Plain frozen dataclasses and StrEnums, and ProfileSpec's JSON form
+for persisted state: no I/O, no clock, no framework imports. Times are seconds (`*_s`), rates
+tokens per second (`*_tok_s`); absolute times are whatever clock the caller passes in as `now_s`
+(the daemon uses UTC epoch seconds, the benchmark virtual seconds).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 # Workload key for requests that carry no `workload` custom label.
 UNLABELLED = "_unlabelled"
@@ -283,3 +284,33 @@ class Snapshot:
     # gauge: the server's engine startup, launch until its schedulers were ready
     # (sglang:startup_time_seconds{phase="tokenizer_e2e"}, else phase="scheduler_e2e")
     startup_s: float | None = None
+
+
+def spec_to_dict(p: ProfileSpec) -> dict[str, Any]:
+    """`p` as JSON, as persisted state stores it (the inverse of spec_from_dict)."""
+    return {
+        "name": p.name,
+        "num_steps": p.num_steps,
+        "draft_tokens": p.draft_tokens,
+        "topk": p.topk,
+        "algorithm": p.algorithm,
+        "adaptive": p.adaptive,
+        "candidate_steps": list(p.candidate_steps),
+        "max_running_requests": p.max_running_requests,
+    }
+
+
+def spec_from_dict(d: Mapping[str, Any]) -> ProfileSpec:
+    """A ProfileSpec from spec_to_dict's JSON (fields added since default as before them)."""
+    return ProfileSpec(
+        name=d["name"],
+        num_steps=int(d["num_steps"]),
+        draft_tokens=int(d["draft_tokens"]),
+        topk=int(d["topk"]),
+        algorithm=d.get("algorithm"),
+        adaptive=bool(d.get("adaptive", False)),
+        candidate_steps=tuple(int(x) for x in d.get("candidate_steps", ())),
+        max_running_requests=(
+            None if d.get("max_running_requests") is None else int(d["max_running_requests"])
+        ),
+    )

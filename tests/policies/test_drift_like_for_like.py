@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies.estimators import CycleTimeSurface, batch_bucket, comparable_step_s
+from policies.cycle_time import CycleTimeSurface, comparable_step_s
+from policies.forgetting import batch_bucket
 from policies.types import DecodeMoments, Overrides
 from tests.policies.driver import Driver
 from tests.policies.synth import BASE, Cost

@@ -6,17 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies.accept_length import AcceptLength
 from policies.chain import expected_accept_length
-from policies.estimators import (
-    AGGREGATE,
-    MEMO_MAX,
-    SURFACE_REL_ERR_FLOOR,
-    AcceptLength,
-    Concurrency,
-    CycleTimeSurface,
-    ThroughputModel,
-    WorkloadMix,
-)
+from policies.cycle_time import SURFACE_REL_ERR_FLOOR, CycleTimeSurface
+from policies.estimators import ThroughputModel
+from policies.forgetting import AGGREGATE, MEMO_MAX
+from policies.traffic import Concurrency, WorkloadMix
 from policies.types import DecodeMoments, Observation, ProfileSpec, WorkloadWindow
 from tests.policies.synth import BASE, E2, E5, PROFILES, Cost, Synth
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies.cycle_time import CycleTimeSurface
 from policies.decide import PolicySettings, decide, initial_state
-from policies.estimators import CycleTimeSurface
 from policies.forward_cost import (
     ForwardCurve,
     ForwardPoint,

@@ -333,7 +333,7 @@ def test_an_adaptive_profile_serving_beyond_a_fixed_ones_data_makes_it_worth_exp
     size like this one, is weighed for exploration (whatever runs). Once it has served that
     batch size, it is not weighed again for it."""
     from policies.decide import _choose
-    from policies.estimators import batch_bucket
+    from policies.forgetting import batch_bucket
 
     st, syn, t = _hybrid_state(2, seed_table((0, 2, 5)))
     pause = Overrides(paused_until_s=math.inf)
