@@ -50,11 +50,12 @@ from controller.bench.peers import user_settings
 from controller.observe import bench_fetch_parse, bench_parse, parse_exposition
 from controller.observe_fixtures import synth_large_exposition
 from policies.chain import expected_accept_length
-from policies.decide import PolicySettings, decide, initial_state
+from policies.decide import decide, initial_state
 from policies.decide import new_model as decide_new_model
 from policies.estimators import ThroughputModel
 from policies.forgetting import AGGREGATE
 from policies.observation import diff
+from policies.settings import PolicySettings
 from policies.types import Overrides, ProfileSpec, Snapshot
 from simulator.engine import WindowEngine
 from simulator.model import (

@@ -190,7 +190,7 @@ class Settings(_Frozen):
     api: ApiSettings = ApiSettings()
     server: ServerSettings = ServerSettings()
     policy: dict[str, float | int | bool | str] = Field(
-        default_factory=dict, description="Overrides of policies.decide.PolicySettings fields."
+        default_factory=dict, description="Overrides of policies.settings.PolicySettings fields."
     )
     profiles: dict[str, ProfileSettings]
     fleet: FleetSettings = Field(
@@ -503,12 +503,12 @@ DERIVED_POLICY_KEYS = {
 
 
 def policy_settings(settings: Settings, read_routing: bool = True) -> Any:
-    """policies.decide.PolicySettings with the [policy] overrides applied (unknown key -> error).
+    """policies.settings.PolicySettings with the [policy] overrides applied (unknown key -> error).
     Where [policy] gives no MoE routing, it is read from the model's config.json
     (`model_routing`) unless `read_routing` is False (validating the file needs no model)."""
     import dataclasses
 
-    from policies.decide import PolicySettings
+    from policies.settings import PolicySettings
 
     defaults = PolicySettings()
     known = {f.name for f in dataclasses.fields(PolicySettings)}
@@ -550,13 +550,13 @@ def model_routing(settings: Settings) -> Any:
 
 def policy_help() -> list[tuple[str, Any, str]]:
     """Every [policy] key: (name, default, the reason its source gives for it), read from the
-    comments above each field of policies.decide.PolicySettings (empty where the source is not
+    comments above each field of policies.settings.PolicySettings (empty where the source is not
     installed beside the package)."""
     import dataclasses
     import inspect
     import re
 
-    from policies.decide import PolicySettings
+    from policies.settings import PolicySettings
 
     defaults = PolicySettings()
     notes: dict[str, str] = {}

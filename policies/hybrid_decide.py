@@ -66,6 +66,7 @@ from policies.hybrid import (
     tier_cycle_from,
 )
 from policies.overhead import wall_estimate
+from policies.settings import PolicySettings
 from policies.types import (
     Decision,
     Estimate,
@@ -76,7 +77,7 @@ from policies.types import (
 )
 
 if TYPE_CHECKING:
-    from policies.decide import PolicySettings, PolicyState
+    from policies.decide import PolicyState
 
 # Candidate steps of an adaptive profile whose flags name none (SGLang's default table's union).
 DEFAULT_CANDIDATES = (0, 1, 3, 5, 7)

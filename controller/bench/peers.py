@@ -274,10 +274,10 @@ class UCB:
 
 
 def user_settings(sim: SimProfile | None = None, **overrides: Any) -> Any:
-    """policies.decide.PolicySettings as a user serving the simulated model writes them: its
+    """policies.settings.PolicySettings as a user serving the simulated model writes them: its
     routing ([policy] moe_experts, moe_topk: facts of the model, in its Hugging Face config)
     from the profile, every knob at its default unless `overrides` sets it."""
-    from policies.decide import PolicySettings
+    from policies.settings import PolicySettings
 
     if sim is not None and sim.target.moe_experts > 1:
         overrides = {

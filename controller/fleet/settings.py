@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from policies.canary import CanaryTestSettings
-from policies.decide import PolicySettings
+from policies.settings import PolicySettings
 
 
 class _Frozen(BaseModel):

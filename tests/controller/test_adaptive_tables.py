@@ -12,6 +12,7 @@ from controller import adaptive_tables
 from controller.settings import ConfigError, settings_from_dict
 from policies import decide
 from policies.hybrid import parse_table, table_steps
+from policies.settings import PolicySettings
 from store import Store
 
 
@@ -68,7 +69,7 @@ def test_sync_writes_files_records_tables_and_status(tmp_path: Path) -> None:
     tables = adaptive_tables.initial_tables(s)
     assert tables["hybrid"]["managed"] is True
     state = decide.initial_state(
-        s.profile_specs(), "baseline", 0.0, decide.PolicySettings(), adaptive_tables=tables
+        s.profile_specs(), "baseline", 0.0, PolicySettings(), adaptive_tables=tables
     )
     assert state.hybrid is not None
     new = {"1": {"candidate_steps": [2]}, "8": {"candidate_steps": [0]}}
@@ -102,7 +103,7 @@ def test_sync_with_a_cache_does_not_reread_an_unchanged_file(
     s = settings_from_dict(_cfg(tmp_path, candidate_steps=[0, 1, 2]))
     tables = adaptive_tables.initial_tables(s)
     state = decide.initial_state(
-        s.profile_specs(), "baseline", 0.0, decide.PolicySettings(), adaptive_tables=tables
+        s.profile_specs(), "baseline", 0.0, PolicySettings(), adaptive_tables=tables
     )
     assert state.hybrid is not None
     state.hybrid.tables["hybrid"]["table"] = {"1": {"candidate_steps": [2]}}

@@ -1,9 +1,9 @@
 """What specpilot_hybrid does at one stream in tuned-one-stream, the first hour: from 5-step
 (explored first), its adaptive profile and the fixed 2-step are both unknown and priced alike
 (~100 tok/s), and the adaptive profile is explored first: its information is not charged the
-switch margin (policies.decide._explore_gain: what its price cannot see, its choice of tier per
-batch, is in its favour). Its table runs the 2-step tier at one stream, as SGLang's rule would
-not (the rule runs 3 steps there: 1.010 of oracle_dp over the day)."""
+switch margin (policies.explore_value.explore_gain: what its price cannot see, its choice of
+tier per batch, is in its favour). Its table runs the 2-step tier at one stream, as SGLang's rule
+would not (the rule runs 3 steps there: 1.010 of oracle_dp over the day)."""
 
 from __future__ import annotations
 

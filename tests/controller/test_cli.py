@@ -322,7 +322,7 @@ def test_run_help_policy_lists_every_key_with_its_reason() -> None:
     import dataclasses
 
     from controller.settings import DERIVED_POLICY_KEYS
-    from policies.decide import PolicySettings
+    from policies.settings import PolicySettings
 
     r = CliRunner().invoke(app, ["run", "--help-policy"])
     assert r.exit_code == 0, r.output

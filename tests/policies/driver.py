@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from policies.decide import PolicySettings, PolicyState, decide, initial_state, on_switch_done
+from policies.decide import PolicyState, decide, initial_state, on_switch_done
+from policies.settings import PolicySettings
 from policies.types import Action, Decision, Overrides
 from tests.policies.synth import PROFILES, Synth
 

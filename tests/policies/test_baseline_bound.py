@@ -4,7 +4,8 @@ predicted-gain switch is ever made on it."""
 
 from __future__ import annotations
 
-from policies.decide import _prior_dist, predictions
+from policies.decide import predictions
+from policies.explore_value import prior_dist
 from policies.types import Reason
 from tests.policies.driver import SPECS, Driver
 
@@ -32,7 +33,7 @@ def test_a_never_run_baseline_is_a_bound_that_holds_the_truth() -> None:
     assert cyc is not None
     assert base.cycle_s.high <= cyc.high and base.cycle_s.low >= cyc.low / 3 * 0.95 * 0.99
     assert SPECS["baseline"].name not in dr.state.tried
-    kind, lo, hi = _prior_dist(base, 100.0, dr.settings, SPECS["baseline"], SPECS["eagle2"])
+    kind, lo, hi = prior_dist(base, 100.0, dr.settings, SPECS["baseline"], SPECS["eagle2"])
     assert (kind, lo, hi) == ("unif", base.tok_s.low, base.tok_s.high)  # type: ignore[union-attr]
 
 

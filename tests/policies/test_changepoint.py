@@ -12,7 +12,8 @@ from policies.changepoint import (
     acceptance_finding,
     drift_finding,
 )
-from policies.decide import PolicySettings, decide, initial_state
+from policies.decide import decide, initial_state
+from policies.settings import PolicySettings
 from policies.types import Overrides
 from tests.policies.synth import E2, PROFILES, Synth
 
@@ -56,7 +57,8 @@ def test_a_change_is_dated_after_the_last_point_before_it_whatever_the_points_sp
     change is dated after the last point before the ones that raised it, not n windows before
     the alarm (which, with 40-second points, would date it minutes late); decide's regime
     boundary starts at the first window after that point."""
-    from policies.decide import PolicySettings, _on_event, initial_state
+    from policies.decide import _on_event, initial_state
+    from policies.settings import PolicySettings
     from tests.policies.synth import Synth
 
     rng = np.random.default_rng(3)

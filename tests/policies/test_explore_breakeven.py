@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from policies.decide import PolicySettings, _breakeven_s, _expected_excess, _explore_gain
+from policies.explore_value import breakeven_s, expected_excess, explore_gain
+from policies.settings import PolicySettings
 from policies.types import ProfileSpec
 
 S = PolicySettings()
@@ -32,12 +33,12 @@ def test_value_equals_cost_at_the_breakeven_horizon(
 ) -> None:
     restart = 200.0
     cost = cur * restart + 300.0
-    gain = _explore_gain(dists, cur, S, spec)
-    h = _breakeven_s(gain, cost, restart, S)
+    gain = explore_gain(dists, cur, S, spec)
+    h = breakeven_s(gain, cost, restart, S)
     # A chain's gain is the expected excess less the switch margin; an adaptive profile's is not
     # charged the margin.
     margin = 0.0 if spec.adaptive else S.margin_frac * cur
-    assert gain == pytest.approx(_expected_excess(dists, cur) - margin)
+    assert gain == pytest.approx(expected_excess(dists, cur) - margin)
     if gain <= 0:  # no upside past the margin: no horizon repays it
         assert h == math.inf
         return
@@ -53,14 +54,14 @@ def test_value_equals_cost_at_the_breakeven_horizon(
 def test_no_upside_never_breaks_even() -> None:
     for spec in (CHAIN, ADAPTIVE):
         assert (
-            _breakeven_s(_explore_gain([("norm", 50.0, 1e-9)], 90.0, S, spec), 1000.0, 180.0, S)
+            breakeven_s(explore_gain([("norm", 50.0, 1e-9)], 90.0, S, spec), 1000.0, 180.0, S)
             == math.inf
         )
     # Within the margin is no upside for a chain: 1.2% expected over 90 tok/s, a 2% margin.
     assert (
-        _breakeven_s(_explore_gain([("norm", 91.1, 1e-9)], 90.0, S, CHAIN), 1000.0, 180.0, S)
+        breakeven_s(explore_gain([("norm", 91.1, 1e-9)], 90.0, S, CHAIN), 1000.0, 180.0, S)
         == math.inf
     )
     assert math.isfinite(
-        _breakeven_s(_explore_gain([("norm", 91.1, 1e-9)], 90.0, S, ADAPTIVE), 1000.0, 180.0, S)
+        breakeven_s(explore_gain([("norm", 91.1, 1e-9)], 90.0, S, ADAPTIVE), 1000.0, 180.0, S)
     )

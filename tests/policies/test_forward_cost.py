@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.cycle_time import CycleTimeSurface
-from policies.decide import PolicySettings, decide, initial_state
+from policies.decide import decide, initial_state
 from policies.forward_cost import (
     ForwardCurve,
     ForwardPoint,
@@ -20,6 +20,7 @@ from policies.forward_cost import (
     fit_forward_curve,
     line_pair,
 )
+from policies.settings import PolicySettings
 from policies.types import DecodeMoments, Overrides, ProfileSpec
 
 BATCHES = (1, 4, 16, 48)

@@ -11,7 +11,8 @@ import dataclasses
 import math
 
 from policies import hybrid_decide
-from policies.decide import PolicySettings, PolicyState, decide, initial_state, on_switch_done
+from policies.decide import PolicyState, decide, initial_state, on_switch_done
+from policies.settings import PolicySettings
 from policies.types import Overrides, ProfileSpec, Reason
 from tests.policies.synth import PROFILES, Cost, Synth
 

@@ -445,8 +445,8 @@ def test_under_flipping_traffic_a_rewrite_is_valued_over_the_distribution(
 def test_the_long_run_mix_weighs_each_window_by_the_tokens_it_generated() -> None:
     """A busy phase weighs by what it produced, not by how long it lasted: ten minutes of code
     at 300 tokens a window and ten of chat at 100 give code three quarters of the mix."""
-    from policies.decide import PolicySettings
     from policies.hybrid_decide import LongRunState, _long_run_mix, observe
+    from policies.settings import PolicySettings
 
     lr, s = LongRunState(), PolicySettings(long_run_batch_half_life_s=1e9)
     for i in range(60):
