@@ -1,5 +1,6 @@
-"""The policy: PolicyState, initial_state, decide, on_switch_done, predictions (its knobs are
-policies/settings.py's PolicySettings, the value of an exploration policies/explore_value.py's).
+"""The policy: decide, on_switch_done, predictions, and the interface the daemon imports (`__all__`:
+what the policy remembers is policies/state.py's, how a window changes it policies/intake.py's,
+its knobs policies/settings.py's, what an exploration is worth policies/explore_value.py's).
 
 Owns the decision of one tick. The objective is output tokens over time, and a restart serves
 nothing for its whole duration, so a switch must repay it: with C the running profile's
@@ -64,22 +65,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from policies import hybrid_decide
 from policies.accept_length import cross_predictable
-from policies.changepoint import (
-    ChangeMonitor,
-    CusumEvent,
-    Finding,
-    RegimeDurations,
-    acceptance_finding,
-    drift_finding,
-)
-from policies.cycle_time import comparable_step_s
-from policies.estimators import ThroughputModel
 from policies.explore_value import (
     breakeven_s,
     explore_gain,
@@ -88,9 +78,17 @@ from policies.explore_value import (
     shortfall_below,
 )
 from policies.forgetting import batch_bucket
-from policies.hybrid_decide import HybridState, LongRunState
-from policies.overhead import NonDecodeTime, wall_estimate
-from policies.settings import PolicySettings, settings_from_dict, settings_to_dict
+from policies.intake import (
+    adopt,
+    has_traffic,
+    ingest,
+    observe_canary,
+    on_canary_rejected,
+    on_canary_started,
+)
+from policies.overhead import wall_estimate
+from policies.settings import PolicySettings
+from policies.state import PolicyState, initial_state, new_model, restart_time
 from policies.trial import TrialOutcome, assess_trial, beats
 from policies.types import (
     Action,
@@ -99,668 +97,30 @@ from policies.types import (
     Observation,
     Overrides,
     ProfilePrediction,
-    ProfileSpec,
     Reason,
-    spec_from_dict,
-    spec_to_dict,
 )
 
-# Cycle changes remembered for the step-time moves of profiles not running (PolicyState):
-# more than a day's worth at the CUSUM's false-alarm rate, bounded JSON.
-MAX_CYCLE_MOVES = 20
-
-
-@dataclass
-class PolicyState:
-    """Everything the policy remembers; JSON-serialisable with to_dict/from_dict."""
-
-    profiles: tuple[ProfileSpec, ...]
-    running: str
-    start_s: float
-    model: ThroughputModel
-    monitor: ChangeMonitor
-    regimes: RegimeDurations
-    last_switch_s: float
-    regime_start_s: float
-    last_change_s: float | None = None
-    switches: list[dict[str, Any]] = field(default_factory=list)
-    restart_s: dict[str, float] = field(default_factory=dict)
-    # Per profile, the boot its latest server reported (Observation.startup_s).
-    startup_s: dict[str, float] = field(default_factory=dict)
-    failed: dict[str, float] = field(default_factory=dict)
-    pending: dict[str, Any] | None = None
-    trial: dict[str, Any] | None = None
-    rollback_to: str | None = None
-    tried: set[str] = field(default_factory=set)
-    findings: list[Finding] = field(default_factory=list)
-    new_findings: list[Finding] = field(default_factory=list)
-    boot_ref: dict[str, Any] | None = None
-    last_window_t_s: float | None = None
-    # The settings of the last decide (on_switch_done has no settings parameter).
-    settings: PolicySettings = field(default_factory=PolicySettings)
-    # The last full evaluation that ended in HOLD_BEST / HOLD_WITHIN_MARGIN (see reeval_*).
-    eval_cache: dict[str, Any] | None = None
-    # Non-decode seconds per decode token (prefill, scheduling): predictions over wall time.
-    overhead: NonDecodeTime = field(default_factory=NonDecodeTime)
-    # Time of the last detected change in acceptance or cycle time (an exploration weighed
-    # and declined is weighed again after it; traffic changes in concurrency or mix are
-    # regime boundaries but leave estimates valid).
-    last_model_change_s: float | None = None
-    # ... of which the last change in acceptance (what makes accept lengths stale: speculative
-    # profiles only, a baseline's prediction holds none) and the last in cycle time (what
-    # makes step times stale, every profile's). Each leaves the other kind's data fresh.
-    last_accept_change_s: float | None = None
-    last_cycle_change_s: float | None = None
-    # Detected cycle changes as [time, step time after / before, 1 if the profile running then
-    # was speculative else 0] (the newest MAX_CYCLE_MOVES): how far a change of system state
-    # (FIELD.md's verify 20 -> 30 ms) may have taken the step times of the profiles of that
-    # kind not running since (verify and decode forwards move apart: that reboot moved the
-    # decode step only 89 -> 82 tok/s).
-    cycle_moves: list[list[float]] = field(default_factory=list)
-    # Time of the last detected traffic change (concurrency or mix): a cycle-time change at the
-    # same time moved with the traffic, not with the system.
-    last_traffic_change_s: float | None = None
-    # Partial points of the per-workload streams: "accept:<profile>:<workload>" ->
-    # [accepted tokens, verify steps]; "mix" -> {workload: tokens, "": requests}.
-    stream_acc: dict[str, Any] = field(default_factory=dict)
-    # Exploration weighed and declined, per profile: the information state it was weighed in.
-    explore_declined: dict[str, str] = field(default_factory=dict)
-    # Windows ingested since the running profile booted (traffic streams skip the first).
-    boot_windows: int = 0
-    # Adaptive profiles' tables (None without adaptive profiles).
-    hybrid: HybridState | None = None
-    # The batch sizes served and the flips of the traffic (the long-run rule, every profile set).
-    long_run: LongRunState = field(default_factory=LongRunState)
-    # The highest half-octave batch bucket each profile has served, ever (not forgotten with
-    # the estimates: a batch size served once is not new again when its data fades).
-    served_top: dict[str, int] = field(default_factory=dict)
-    # The lowest such bucket each profile has served, ever.
-    served_low: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def specs(self) -> dict[str, ProfileSpec]:
-        return {p.name: p for p in self.profiles}
-
-    def model_prediction(
-        self,
-        name: str,
-        stale_widen: float,
-        batch: float | None = None,
-        mix: Mapping[str, float] | None = None,
-        cycle_moves: Sequence[tuple[float, float]] = (),
-    ) -> ProfilePrediction:
-        """The cycle model's prediction of a fixed profile (decode tok/s), its accept lengths
-        stale after the last change in acceptance and its step times after the last one in
-        cycle time (see ThroughputModel.predict)."""
-        return self.model.predict(
-            name,
-            batch=batch,
-            mix=mix,
-            fresh_since_s=self.last_accept_change_s,
-            cycle_fresh_since_s=self.last_cycle_change_s,
-            stale_widen=stale_widen,
-            cycle_moves=cycle_moves,
-        )
-
-    def copy(self) -> PolicyState:
-        return PolicyState.from_dict(self.to_dict())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "profiles": [spec_to_dict(p) for p in self.profiles],
-            "running": self.running,
-            "start_s": self.start_s,
-            "model": self.model.to_dict(),
-            "monitor": self.monitor.to_dict(),
-            "regimes": self.regimes.to_dict(),
-            "last_switch_s": self.last_switch_s,
-            "regime_start_s": self.regime_start_s,
-            "last_change_s": self.last_change_s,
-            "switches": [dict(s) for s in self.switches],
-            "restart_s": dict(self.restart_s),
-            "startup_s": dict(self.startup_s),
-            "failed": dict(self.failed),
-            "pending": _jsonable(self.pending),
-            "trial": _jsonable(self.trial),
-            "rollback_to": self.rollback_to,
-            "tried": sorted(self.tried),
-            "findings": [f.to_dict() for f in self.findings],
-            "new_findings": [f.to_dict() for f in self.new_findings],
-            "boot_ref": _jsonable(self.boot_ref),
-            "last_window_t_s": self.last_window_t_s,
-            "settings": settings_to_dict(self.settings),
-            "eval_cache": _jsonable(self.eval_cache),
-            "overhead": self.overhead.to_dict(),
-            "last_model_change_s": self.last_model_change_s,
-            "last_accept_change_s": self.last_accept_change_s,
-            "last_cycle_change_s": self.last_cycle_change_s,
-            "cycle_moves": [list(m) for m in self.cycle_moves],
-            "last_traffic_change_s": self.last_traffic_change_s,
-            "stream_acc": _jsonable(self.stream_acc),
-            "explore_declined": dict(self.explore_declined),
-            "boot_windows": self.boot_windows,
-            "hybrid": self.hybrid.to_dict() if self.hybrid is not None else None,
-            "long_run": self.long_run.to_dict(),
-            "served_top": dict(self.served_top),
-            "served_low": dict(self.served_low),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> PolicyState:
-        return cls(
-            profiles=tuple(spec_from_dict(p) for p in d["profiles"]),
-            running=str(d["running"]),
-            start_s=float(d["start_s"]),
-            model=ThroughputModel.from_dict(d["model"]),
-            monitor=ChangeMonitor.from_dict(d["monitor"]),
-            regimes=RegimeDurations.from_dict(d["regimes"]),
-            last_switch_s=float(d["last_switch_s"]),
-            regime_start_s=float(d["regime_start_s"]),
-            last_change_s=d.get("last_change_s"),
-            switches=[dict(s) for s in d.get("switches", [])],
-            restart_s={k: float(v) for k, v in d.get("restart_s", {}).items()},
-            startup_s={k: float(v) for k, v in d.get("startup_s", {}).items()},
-            failed={k: float(v) for k, v in d.get("failed", {}).items()},
-            pending=_jsonable(d.get("pending")),
-            trial=_jsonable(d.get("trial")),
-            rollback_to=d.get("rollback_to"),
-            tried=set(d.get("tried", [])),
-            findings=[Finding.from_dict(f) for f in d.get("findings", [])],
-            new_findings=[Finding.from_dict(f) for f in d.get("new_findings", [])],
-            boot_ref=_jsonable(d.get("boot_ref")),
-            last_window_t_s=d.get("last_window_t_s"),
-            settings=settings_from_dict(d["settings"]) if "settings" in d else PolicySettings(),
-            eval_cache=_jsonable(d.get("eval_cache")),
-            overhead=(
-                NonDecodeTime.from_dict(d["overhead"]) if "overhead" in d else NonDecodeTime()
-            ),
-            last_model_change_s=d.get("last_model_change_s"),
-            last_accept_change_s=d.get("last_accept_change_s"),
-            last_cycle_change_s=d.get("last_cycle_change_s"),
-            cycle_moves=[[float(x) for x in m] for m in d.get("cycle_moves", [])],
-            last_traffic_change_s=d.get("last_traffic_change_s"),
-            stream_acc=_jsonable(d.get("stream_acc", {})),
-            explore_declined={str(k): str(v) for k, v in d.get("explore_declined", {}).items()},
-            boot_windows=int(d.get("boot_windows", 0)),
-            hybrid=HybridState.from_dict(d["hybrid"]) if d.get("hybrid") else None,
-            # States saved before the long-run rule served every profile set kept the batch
-            # history inside "hybrid".
-            long_run=LongRunState.from_dict(d.get("long_run") or d.get("hybrid") or {}),
-            served_top={str(k): int(v) for k, v in d.get("served_top", {}).items()},
-            # States saved before served_low: the lowest bucket served is unknown, take the
-            # highest (a lower size is then new only where the profile's own data say so too).
-            served_low={
-                str(k): int(v) for k, v in d.get("served_low", d.get("served_top", {})).items()
-            },
-        )
-
-
-def _jsonable(x: Any) -> Any:
-    """Deep copy of plain JSON data (dicts, lists, scalars)."""
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    return x
-
-
-def new_model(profiles: Sequence[ProfileSpec], s: PolicySettings) -> ThroughputModel:
-    """The estimators decide() runs, configured by the policy settings (benchmarks reuse it)."""
-    return ThroughputModel(
-        profiles,
-        cycle_half_life_s=s.cycle_half_life_s,
-        accept_half_life_s=s.accept_half_life_s,
-        concurrency_half_life_s=s.concurrency_half_life_s,
-        mix_half_life_s=s.mix_half_life_s,
-        observed_half_life_s=s.observed_half_life_s,
-        min_windows=s.min_windows,
-        min_steps=s.min_steps,
-        min_verify=s.min_verify,
-        min_hist_steps=s.min_hist_steps,
-        expert_share=s.expert_share,
-    )
-
-
-def initial_state(
-    profiles: Sequence[ProfileSpec],
-    running: str,
-    now_s: float,
-    settings: PolicySettings,
-    adaptive_tables: Mapping[str, Mapping[str, Any]] | None = None,
-) -> PolicyState:
-    """Fresh state for `profiles` with `running` serving since `now_s` (the dwell starts now:
-    the policy has no estimates of it yet either). `adaptive_tables`: per adaptive profile
-    {"table": JSON, "managed": bool} (hybrid_decide.new_state; default: managed, seed table)."""
-    names = [p.name for p in profiles]
-    if running not in names:
-        raise ValueError(f"running profile {running!r} is not one of {names}")
-    if not math.isfinite(now_s):
-        raise ValueError(f"now_s must be finite, got {now_s!r}")
-    return PolicyState(
-        profiles=tuple(profiles),
-        running=running,
-        start_s=float(now_s),
-        model=new_model(profiles, settings),
-        monitor=ChangeMonitor(
-            settings.cusum_k,
-            settings.cusum_h,
-            settings.cusum_warmup,
-            settings.cusum_z_clip,
-            settings.cusum_rel_sigma_floor,
-        ),
-        regimes=RegimeDurations(settings.prior_regime_s, settings.prior_regime_strength),
-        last_switch_s=float(now_s),
-        regime_start_s=float(now_s),
-        tried={running},
-        settings=settings,
-        overhead=NonDecodeTime(half_life_s=settings.nondecode_half_life_s),
-        hybrid=hybrid_decide.new_state(tuple(profiles), adaptive_tables, float(now_s)),
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Observation intake
-
-
-def _has_traffic(obs: Observation) -> bool | None:
-    m = obs.moments
-    if m is not None:
-        return m.n_steps > 0
-    tok = obs.output_tok_s
-    if tok is not None:
-        return tok > 0
-    if obs.running_reqs is not None:
-        return obs.running_reqs > 0
-    return None
-
-
-def _add_finding(state: PolicyState, f: Finding | None, s: PolicySettings) -> None:
-    if f is None:
-        return
-    state.findings.append(f)
-    state.new_findings.append(f)
-    del state.findings[: -s.max_findings]
-
-
-def _regime_boundary(state: PolicyState, t_change: float, s: PolicySettings) -> None:
-    if state.last_change_s is not None and t_change - state.last_change_s < s.change_coalesce_s:
-        return
-    state.regimes.record(t_change - state.regime_start_s)
-    state.regime_start_s = max(t_change, state.regime_start_s)
-    state.last_change_s = t_change
-
-
-def _later(a: float | None, b: float) -> float:
-    return b if a is None else max(a, b)
-
-
-def _model_change(state: PolicyState, t_change: float, what: str) -> None:
-    """Estimates of acceptance or cycle time (`what`) moved: data older than this is stale."""
-    state.last_model_change_s = _later(state.last_model_change_s, t_change)
-    if what == "accept":
-        state.last_accept_change_s = _later(state.last_accept_change_s, t_change)
-    else:
-        state.last_cycle_change_s = _later(state.last_cycle_change_s, t_change)
-
-
-def _with_traffic(state: PolicyState, t_change: float, s: PolicySettings) -> bool:
-    """Whether a change dated `t_change` coincides with a detected traffic change (concurrency
-    or mix), within the time that makes two change points one."""
-    t = state.last_traffic_change_s
-    return t is not None and abs(t_change - t) <= s.change_coalesce_s
-
-
-def _system_cycle_change(
-    state: PolicyState, key: str, ev: CusumEvent, t_change: float, s: PolicySettings
-) -> None:
-    """A change of the running profile's step time (`key` "cycle:<profile>") that did not come
-    with the traffic: drift reported, the profile's cycle data forgotten, every other profile's
-    made stale, and the move remembered for the profiles of its forward kind (cycle_moves)."""
-    p = key[len("cycle:") :]
-    # The stream is step time / prediction: report it in seconds at the batch now.
-    b = state.model.concurrency.estimate()
-    st = state.model.cycle.stats[p]
-    ref = st.level if st.s0 > 0 else math.nan
-    if b is not None and (e := state.model.cycle.estimate(p, b)) is not None:
-        ref = e.mean
-    _add_finding(
-        state,
-        drift_finding(key, ref * ev.before, ref * ev.after, ev.t_s, s.drift_min_rel, "s"),
-        s,
-    )
-    state.model.cycle.discount(p, s.change_discount)
-    hybrid_decide.discount_self(state, p, s.change_discount, "cycle")
-    _model_change(state, t_change, "cycle")
-    if ev.before > 0 and ev.after > 0 and math.isfinite(ev.after / ev.before):
-        move = [t_change, ev.after / ev.before, 1.0 if state.specs[p].speculative else 0.0]
-        state.cycle_moves = [*state.cycle_moves, move][-MAX_CYCLE_MOVES:]
-
-
-def _on_event(
-    state: PolicyState, key: str, ev: CusumEvent, obs: Observation, s: PolicySettings
-) -> None:
-    p = obs.profile
-    spec = state.specs[p]
-    per_workload = f"accept:{p}:"
-    if ev.kind == "change":
-        # The first window of the points that raised it: n windows back for a stream with a
-        # point per window, and further for one whose points gather several windows (a mix
-        # point needs mix_point_min_requests finished requests).
-        t_change = ev.t_s - max(ev.n - 1, 0) * obs.window_s
-        if ev.since_s is not None:
-            t_change = min(t_change, ev.since_s + obs.window_s)
-        _regime_boundary(state, t_change, s)
-        _add_finding(state, Finding("change", key, ev.before, ev.after, ev.t_s), s)
-        if key.startswith(per_workload):
-            # This workload's own accept length moved: forget its level (and the evidence
-            # pooled over workloads, which holds it); the other workloads' levels did not move.
-            state.model.accept.discount(p, s.change_discount, workload=key[len(per_workload) :])
-            hybrid_decide.discount_self(state, p, s.change_discount, "accept")
-            _model_change(state, t_change, "accept")
-        elif key == f"cycle:{p}":
-            # A step time that moved with the traffic (a new mix brings other context lengths,
-            # whose KV reads cost more or less per step) is not the system's: no drift, no data
-            # made stale, and the running profile keeps its estimates (forgetting them would
-            # leave it with none once it stops, a few windows into the new traffic); they
-            # follow the new level at their half-life.
-            if not _with_traffic(state, t_change, s):
-                _system_cycle_change(state, key, ev, t_change, s)
-        elif key == "batch" or key.startswith("mix:"):
-            state.last_traffic_change_s = _later(state.last_traffic_change_s, t_change)
-            # The traffic now is that of the windows since (not a blend of two regimes).
-            if key.startswith("mix:"):
-                state.model.mix.rebase(t_change, s.change_discount)
-            else:
-                state.model.concurrency.rebase(t_change, s.change_discount)
-                # The acceptance streams' noise is set by the verify steps behind a point (a
-                # window at 64 streams holds fifty times one at a single stream): after a
-                # concurrency change they re-learn it, or the old scale raises false alarms.
-                for k in [k for k in state.monitor.detectors if k.startswith("accept:")]:
-                    del state.monitor.detectors[k]
-            if state.trial is not None:
-                # A trial measures a profile against a prediction for the traffic of its switch.
-                state.trial["traffic_change_s"] = t_change
-        # "accept:<profile>" (all workloads: it moves with the mix as much as with acceptance),
-        # "batch" and "mix:<workload>" mark a regime boundary and nothing else: whether any
-        # acceptance moved is for the per-workload streams to say.
-    elif ev.kind == "established" and key.startswith(per_workload):
-        hist = state.monitor.history.get(key, [])[:-1]
-        _add_finding(
-            state,
-            acceptance_finding(
-                key[len("accept:") :],
-                hist,
-                ev.after,
-                spec.num_steps,
-                s.acceptance_low_ratio,
-                ev.t_s,
-            ),
-            s,
-        )
-
-
-def _accept_points(state: PolicyState, obs: Observation, s: PolicySettings) -> list[Any]:
-    """Per-workload accept length points, each over at least `min_verify` verify steps of
-    finished requests (accumulated across windows: a window may finish one request of a
-    workload, or none)."""
-    spec = state.specs[obs.profile]
-    if not spec.speculative or spec.num_steps < 1:
-        return []
-    g = spec.max_steps
-    out: list[tuple[str, float | None]] = []
-    for w in obs.workloads:
-        gen, req, ver = w.generation_tokens, w.requests, w.verify_calls
-        if gen is None or req is None or ver is None:
-            continue
-        if not (math.isfinite(gen) and math.isfinite(req) and math.isfinite(ver)):
-            continue
-        acc = gen - req
-        if ver <= 0 or acc < 0:
-            continue
-        key = f"accept:{obs.profile}:{w.workload}"
-        a = state.stream_acc.setdefault(key, [0.0, 0.0])
-        a[0] += acc
-        a[1] += ver
-        if a[1] >= s.min_verify:
-            L = a[0] / a[1]
-            state.stream_acc[key] = [0.0, 0.0]
-            if 1.0 - 1e-6 <= L <= g + 1.0 + 1e-6:  # else impossible: the estimators reject it
-                out.append((key, L))
-    return out
-
-
-def _mix_points(state: PolicyState, obs: Observation, s: PolicySettings) -> list[Any]:
-    """Token share of every workload seen, one point per `mix_point_min_requests` finished
-    requests (the mix is a traffic signal of its own, independent of the profile)."""
-    acc = state.stream_acc.setdefault("mix", {"tokens": {}, "requests": 0.0})
-    tokens: dict[str, float] = acc["tokens"]
-    for w in obs.workloads:
-        gen, req = w.generation_tokens, w.requests
-        if gen is None or req is None or not (math.isfinite(gen) and math.isfinite(req)):
-            continue
-        if gen < 0 or req < 0:
-            continue
-        tokens[w.workload] = tokens.get(w.workload, 0.0) + gen
-        acc["requests"] += req
-    if acc["requests"] < s.mix_point_min_requests:
-        return []
-    tot = sum(tokens.values())
-    state.stream_acc["mix"] = {"tokens": {}, "requests": 0.0}
-    if tot <= 0:
-        return []
-    # Workloads seen before and absent now are at share 0: their disappearance is the change.
-    names = set(tokens) | {
-        k[len("mix:") :] for k in state.monitor.detectors if k.startswith("mix:")
-    }
-    return [(f"mix:{w}", tokens.get(w, 0.0) / tot) for w in sorted(names)]
-
-
-def _boot_check(state: PolicyState, obs: Observation, s: PolicySettings) -> None:
-    """After a new boot has `cusum_warmup` windows at batch sizes the previous boot also served,
-    compare their step times with the previous boot's at the same batch size (drift across
-    boots, e.g. verify 20 -> 30 ms). Windows at batch sizes the previous boot never served are
-    not comparable and wait: a batch-size change is not drift."""
-    ref = state.boot_ref
-    if ref is None or ref["profile"] != obs.profile or obs.moments is None:
-        return
-    m = obs.moments
-    if m.n_steps <= 0 or "snap" not in ref:
-        return
-    old_w = comparable_step_s(ref["snap"], m.sum_bs / m.n_steps)
-    if old_w is None:
-        return
-    ref["n"] += m.n_steps
-    ref["sum_bs"] += m.sum_bs
-    ref["sum_s"] += m.sum_step_s
-    ref["sum_old_s"] += old_w * m.n_steps
-    ref["windows"] += 1
-    if ref["windows"] < s.cusum_warmup:
-        return
-    state.boot_ref = None
-    new_s = ref["sum_s"] / ref["n"]
-    old_s = ref["sum_old_s"] / ref["n"]
-    if old_s <= 0 or new_s <= 0:
-        return
-    spec = state.specs[obs.profile]
-    subject = f"cycle:{obs.profile}"
-    drift = drift_finding(subject, old_s, new_s, obs.t_s, s.drift_min_rel, "s")
-    _add_finding(state, drift, s)
-    if drift is None:
-        # No drift across the boots: the previous boot's other batch sizes still hold.
-        state.model.cycle.restore_buckets(obs.profile, ref["snap"])
-    if not spec.speculative:
-        # One stream's tok/s (FIELD.md's "baseline 89 -> 82 tok/s"): a baseline step gives each
-        # sequence one token, so it is 1 / step time at the batch size both boots served.
-        _add_finding(
-            state,
-            drift_finding(
-                "baseline_tok_s", 1.0 / old_s, 1.0 / new_s, obs.t_s, s.drift_min_rel, "tok/s"
-            ),
-            s,
-        )
-
-
-def _ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
-    """Feed a usable window to the estimators and change detectors. Returns "ok", "reset",
-    "unknown_profile", "stale" (not newer than the last window) or "adopted"."""
-    specs = state.specs
-    if obs.profile not in specs:
-        return "unknown_profile"
-    if state.last_window_t_s is not None and obs.t_s <= state.last_window_t_s:
-        return "stale"
-    state.last_window_t_s = obs.t_s
-    if obs.startup_s is not None and math.isfinite(obs.startup_s) and obs.startup_s > 0:
-        state.startup_s[obs.profile] = float(obs.startup_s)
-    if obs.profile != state.running:
-        # The server runs something else than the policy thought (a restart outside decide):
-        # adopt it; this window straddles the change, so it is not evidence.
-        _adopt(state, obs.profile, obs.t_s, s, learned_restart_s=None)
-        return "adopted"
-    if obs.counter_reset:
-        return "reset"
-    sig = state.model.observe(obs)
-    if sig.batch is not None:
-        k = batch_bucket(sig.batch)
-        state.served_top[obs.profile] = max(k, state.served_top.get(obs.profile, k))
-        state.served_low[obs.profile] = min(k, state.served_low.get(obs.profile, k))
-    # A running adaptive profile's own windows correct its table-based prediction.
-    hybrid_decide.observe_self(state, obs, s)
-    state.overhead.update(obs)
-    generated = {w.workload: w.generation_tokens or 0.0 for w in obs.workloads}
-    hybrid_decide.observe(state.long_run, sig.load, obs.window_s, obs.t_s, s, generated)
-    _boot_check(state, obs, s)
-    p = obs.profile
-    streams: list[tuple[str, float | None]] = []
-    # Clients reconnect after a restart: the first windows of a boot are not the traffic.
-    if state.boot_windows >= s.trial_warmup_windows:
-        streams.append(("batch", sig.load))
-    state.boot_windows += 1
-    # Traffic first: a change in step time found in the same window is then known to have
-    # come with the traffic (_with_traffic).
-    streams += _mix_points(state, obs, s)
-    streams += [(f"accept:{p}", sig.accept_length), (f"cycle:{p}", sig.cycle_ratio)]
-    streams += _accept_points(state, obs, s)
-    for key, x in streams:
-        ev = state.monitor.update(key, x, obs.t_s)
-        if ev is not None:
-            _on_event(state, key, ev, obs, s)
-    return "ok"
-
-
-def _boot_discount(state: PolicyState, profile: str, s: PolicySettings) -> None:
-    """A new boot of `profile`: its old estimates become a weak prior (drift across boots)."""
-    state.model.cycle.discount(profile, s.boot_carryover, max_windows=s.boot_carryover_max_windows)
-    hybrid_decide.discount_self(state, profile, s.boot_carryover)
-    state.model.accept.discount(profile, s.boot_carryover, moved=False)
-
-
-def on_canary_started(state: PolicyState, profile: str) -> PolicyState:
-    """A fleet booted `profile` on one replica beside the running profile (a canary): a new boot
-    of it, so its old estimates become the weak prior a boot makes of them, and its windows
-    (observe_canary) judge it. The running profile, the switch history and the dwell are not
-    touched: the deployment still runs what it ran. Updates `state` in place and returns it."""
-    if profile not in state.specs:
-        raise ValueError(f"unknown profile {profile!r}")
-    if profile != state.running:
-        _boot_discount(state, profile, state.settings)
-    return state
-
-
-def on_canary_rejected(
-    state: PolicyState, profile: str, now_s: float, *, judged: bool = True
-) -> PolicyState:
-    """A fleet rolled its canary of `profile` back: a pending switch to it is over, and a
-    judged rejection (worse, no gain, or a canary that did not start) backs the profile off as
-    a failed start is. A canary rolled back unjudged (its time ran out before its replica, or
-    every other, carried enough traffic to compare: `judged` False) is no evidence against the
-    profile: nothing is backed off, and the estimates, holding whatever windows it served,
-    decide (a random fleet day: 7-step's canary started at four streams on two replicas, the
-    load fell to one stream, its replica idled out of time, and 7-step, predicted 30% above
-    the profile the fleet then ran, was held back for the hour). Nothing is rolled back: the
-    deployment kept running its profile, which did not restart (a failed start's rollback
-    would take the next window of it for a new boot). Updates `state` in place and returns
-    it."""
-    if profile not in state.specs:
-        raise ValueError(f"unknown profile {profile!r}")
-    if state.pending is not None and state.pending["target"] == profile:
-        state.pending = None
-    if judged:
-        state.failed[profile] = float(now_s)
-    state.trial = None
-    return state
-
-
-def observe_canary(state: PolicyState, obs: Observation) -> bool:
-    """One window of a canary replica (a profile served beside the running one, on the same
-    traffic): evidence for that profile's cycle time and acceptance, as if it had run there, so
-    a candidate the canary rejected is not predicted from the data that proposed it again. Not
-    traffic (the deployment's windows are), not change detection (the streams are the running
-    profile's). Returns whether the window was offered to the estimators (not for an unknown
-    or the running profile, or a counter reset; impossible numbers the estimators reject and
-    count as they do any window's)."""
-    if obs.profile not in state.specs or obs.profile == state.running or obs.counter_reset:
-        return False
-    if obs.moments is not None:
-        state.model.cycle.update(obs.profile, obs.moments, obs.t_s, obs.window_s)
-    state.model.accept.update(obs)
-    return True
-
-
-def _adopt(
-    state: PolicyState,
-    profile: str,
-    now_s: float,
-    s: PolicySettings,
-    learned_restart_s: float | None,
-) -> None:
-    if learned_restart_s is not None and math.isfinite(learned_restart_s) and learned_restart_s > 0:
-        old = _restart(state, profile, s)
-        lr = s.restart_learning_rate
-        state.restart_s[profile] = (1.0 - lr) * old + lr * learned_restart_s
-    state.boot_ref = {
-        "profile": profile,
-        "snap": state.model.cycle.profile_snapshot(profile),
-        "n": 0.0,
-        "sum_bs": 0.0,
-        "sum_s": 0.0,
-        "sum_old_s": 0.0,
-        "windows": 0,
-    }
-    _boot_discount(state, profile, s)
-    # The all-workload accept length and the cycle level start over with the boot (the mix
-    # may have moved meanwhile; a boot may have drifted: _boot_check compares). Per-workload
-    # acceptance keeps its detectors: a drafter's acceptance is not a property of a boot, and
-    # a change that happened while another profile ran is then found on return. Concurrency
-    # and mix keep theirs: a restart is not a traffic change (the first window is skipped).
-    state.monitor.detectors.pop(f"accept:{profile}", None)
-    state.monitor.detectors.pop(f"cycle:{profile}", None)
-    for k in [k for k in state.stream_acc if k.startswith(f"accept:{profile}:")]:
-        del state.stream_acc[k]  # a partial point does not straddle boots
-    state.boot_windows = 0
-    state.running = profile
-    state.last_switch_s = float(now_s)
-    state.tried.add(profile)
+# The policy's public interface, for the daemon, the fleet controller and the benchmark (state,
+# intake and settings live in their own modules; this is the one import they need).
+__all__ = [
+    "PolicySettings",
+    "PolicyState",
+    "begin_manual_switch",
+    "budget_exhausted",
+    "decide",
+    "explore_cap_s",
+    "initial_state",
+    "new_model",
+    "observe_canary",
+    "on_canary_rejected",
+    "on_canary_started",
+    "on_switch_done",
+    "predictions",
+]
 
 
 # --------------------------------------------------------------------------------------------
 # Decision helpers
-
-
-def _restart(state: PolicyState, profile: str, s: PolicySettings) -> float:
-    """The profile's learned restart time; for one never restarted, the longest learned for
-    another (restarts of one model differ mostly by the CUDA graphs captured, and an adaptive
-    profile captures a graph per tier: the cautious guess), else the prior, raised to the boot
-    a server reported (`startup_s`: its own, else the longest of another's) plus
-    `restart_overhead_s`. A reported boot is a lower bound, not an estimate: a restart also
-    stops the old server, starts the process and warms up, which the engine's clock does not
-    see, so it raises the prior where it is longer and leaves it where it is shorter (stress
-    a12: a 10-minute restart priced at the 3-minute prior was paid inside an 8-stream start
-    where it cost five times what it would have later)."""
-    if profile in state.restart_s:
-        return state.restart_s[profile]
-    estimate = max(state.restart_s.values(), default=s.restart_prior_s)
-    boot = state.startup_s.get(profile, max(state.startup_s.values(), default=None))
-    return estimate if boot is None else max(estimate, boot + s.restart_overhead_s)
 
 
 def _restarts_last_hour(state: PolicyState, now_s: float) -> int:
@@ -902,7 +262,7 @@ def decide(
     ):
         diag["pending_expired"] = str(state.pending["target"])
         state.pending = None
-    intake = "scrape_failed" if obs is None else _ingest(state, obs, s)
+    intake = "scrape_failed" if obs is None else ingest(state, obs, s)
     diag["intake"] = intake
     for f in state.new_findings[-3:]:
         diag[f"finding.{f.kind}.{f.subject}"] = f.after
@@ -935,7 +295,7 @@ def decide(
             # The shell already restored it: a new boot of it, inside its dwell like any other
             # (the restart that failed and this one both just happened).
             state.rollback_to = None
-            _adopt(state, target, now_s, s, learned_restart_s=None)
+            adopt(state, target, now_s, s, learned_restart_s=None)
             diag["restored_by_shell"] = target
             return _hold(now_s, state, Reason.HOLD_COOLDOWN, diag)
         else:
@@ -967,7 +327,7 @@ def decide(
         return _hold(now_s, state, Reason.HOLD_INSUFFICIENT_DATA, diag)
     if intake in ("reset", "adopted", "stale"):
         return _hold(now_s, state, Reason.HOLD_INSUFFICIENT_DATA, diag)
-    traffic = _has_traffic(obs)
+    traffic = has_traffic(obs)
     if traffic is False:
         return _hold(now_s, state, Reason.HOLD_NO_TRAFFIC, diag)
     dwell_left = s.min_dwell_s - (now_s - state.last_switch_s)
@@ -1190,7 +550,7 @@ def _choose(
             continue
         if pr.bound:
             continue  # a bound is no prediction to switch on: only a run (exploration) says
-        r = _restart(state, name, s)
+        r = restart_time(state, name, s)
         margin = s.margin_frac * cur + s.margin_z * math.hypot(
             interval_sd(pr.tok_s), interval_sd(cur_pred.tok_s)
         )
@@ -1288,7 +648,9 @@ def _choose(
 def explore_cap_s(state: PolicyState, s: PolicySettings) -> float:
     """The longest horizon information is valued over: `explore_horizon_s`, or
     `explore_horizon_restarts` restarts of the running profile where that is longer."""
-    return max(s.explore_horizon_s, s.explore_horizon_restarts * _restart(state, state.running, s))
+    return max(
+        s.explore_horizon_s, s.explore_horizon_restarts * restart_time(state, state.running, s)
+    )
 
 
 def _undoes_exploration(state: PolicyState, target: str) -> bool:
@@ -1400,9 +762,9 @@ def _exploration(
 
     cands = [p.name for p in state.profiles if unknown(p.name)]
     best: tuple[float, str] | None = None
-    r_back = _restart(state, state.running, s)
+    r_back = restart_time(state, state.running, s)
     for q in cands:
-        r_q = _restart(state, q, s)
+        r_q = restart_time(state, q, s)
         if age < s.burst_wait_factor * r_q:
             continue  # a young regime may be a burst: no restart for information either
         pq = preds.get(q)
@@ -1480,7 +842,7 @@ def on_switch_done(
         hybrid_decide.on_switch_done(state.hybrid, profile, ok)
     # on_switch_done's signature carries no settings: use those of the last decide.
     s = state.settings
-    _adopt(state, profile, now_s, s, learned_restart_s=downtime_s)
+    adopt(state, profile, now_s, s, learned_restart_s=downtime_s)
     judged = (Reason.SWITCH_PREDICTED_GAIN.value, Reason.SWITCH_MANUAL.value)
     if matched and pending is not None and pending["reason"] in judged:
         if pending.get("predicted") is not None:

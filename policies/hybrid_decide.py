@@ -77,7 +77,7 @@ from policies.types import (
 )
 
 if TYPE_CHECKING:
-    from policies.decide import PolicyState
+    from policies.state import PolicyState
 
 # Candidate steps of an adaptive profile whose flags name none (SGLang's default table's union).
 DEFAULT_CANDIDATES = (0, 1, 3, 5, 7)
@@ -927,7 +927,7 @@ def return_cost(state: PolicyState, target: str, s: PolicySettings) -> float:
         return 0.0
     from policies import decide as D
 
-    return cur[0].mean * D._restart(state, state.running, s)
+    return cur[0].mean * D.restart_time(state, state.running, s)
 
 
 def long_run(
@@ -1011,7 +1011,7 @@ def long_run(
             cur_v[0],
             v,
             horizon_s=lr_h,
-            restart_s=D._restart(state, name, s),
+            restart_s=D.restart_time(state, name, s),
             margin_frac=s.margin_frac,
             margin_z=s.margin_z,
         )
@@ -1026,7 +1026,7 @@ def long_run(
                 cur_v[0],
                 nv[0],
                 horizon_s=lr_h,
-                restart_s=D._restart(state, state.running, s),
+                restart_s=D.restart_time(state, state.running, s),
                 margin_frac=s.margin_frac,
                 margin_z=s.margin_z,
             )
@@ -1084,7 +1084,7 @@ def _rewrite_now(
     if cur is None or new is None or cur.tok_s is None or new.tok_s is None:
         lr.cache = {"key": key, "t_s": now_s, "reason": None, "diag": {}}
         return None
-    r = D._restart(state, state.running, s)
+    r = D.restart_time(state, state.running, s)
     pays, net = rewrite_pays(
         cur.tok_s,
         new.tok_s,

@@ -57,7 +57,8 @@ def test_a_change_is_dated_after_the_last_point_before_it_whatever_the_points_sp
     change is dated after the last point before the ones that raised it, not n windows before
     the alarm (which, with 40-second points, would date it minutes late); decide's regime
     boundary starts at the first window after that point."""
-    from policies.decide import _on_event, initial_state
+    from policies.decide import initial_state
+    from policies.intake import _on_event
     from policies.settings import PolicySettings
     from tests.policies.synth import Synth
 

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 from policies.decide import (
     PolicySettings,
     PolicyState,
-    _restart,
     budget_exhausted,
     decide,
     explore_cap_s,
@@ -16,6 +15,7 @@ from policies.decide import (
     on_switch_done,
     predictions,
 )
+from policies.state import restart_time
 from policies.types import Action, DecodeMoments, Observation, Overrides, Reason
 from tests.policies.driver import Driver
 from tests.policies.synth import E5, PROFILES, Synth
@@ -325,10 +325,11 @@ def test_restart_time_is_learned() -> None:
     assert dr.state.restart_s["eagle5"] == pytest.approx(0.5 * S.restart_prior_s + 0.5 * 90.0)
     # A profile never restarted is priced at the longest restart learned so far, not the prior.
     assert "eagle2" not in dr.state.restart_s
-    assert _restart(dr.state, "eagle2", S) == pytest.approx(dr.state.restart_s["eagle5"])
+    assert restart_time(dr.state, "eagle2", S) == pytest.approx(dr.state.restart_s["eagle5"])
     dr.state.restart_s["baseline"] = 400.0
-    assert _restart(dr.state, "eagle2", S) == 400.0
-    assert _restart(initial_state(PROFILES, "baseline", 0.0, S), "eagle2", S) == S.restart_prior_s
+    assert restart_time(dr.state, "eagle2", S) == 400.0
+    fresh = initial_state(PROFILES, "baseline", 0.0, S)
+    assert restart_time(fresh, "eagle2", S) == S.restart_prior_s
 
 
 def test_a_reported_boot_prices_restarts_before_one_is_measured() -> None:
@@ -342,7 +343,7 @@ def test_a_reported_boot_prices_restarts_before_one_is_measured() -> None:
     assert not slow.switches()
     st = slow.state
     assert st.startup_s == {"baseline": 2990.0}
-    assert _restart(st, "eagle5", S) == pytest.approx(2990.0 + S.restart_overhead_s)
+    assert restart_time(st, "eagle5", S) == pytest.approx(2990.0 + S.restart_overhead_s)
     # The first measured restart moves the estimate from the reported boot, not from the prior.
     on_switch_done(st, "eagle5", True, 3010.0, slow.t + 10.0)
     assert st.restart_s["eagle5"] == pytest.approx(0.5 * (3000.0) + 0.5 * 3010.0)
@@ -352,17 +353,17 @@ def test_a_reported_boot_raises_the_restart_prior_and_never_lowers_it() -> None:
     st = initial_state(PROFILES, "baseline", 0.0, S)
     # A boot shorter than the prior is a lower bound below it: the prior stands.
     st.startup_s["baseline"] = 100.0
-    assert _restart(st, "baseline", S) == S.restart_prior_s
-    assert _restart(st, "eagle2", S) == S.restart_prior_s
+    assert restart_time(st, "baseline", S) == S.restart_prior_s
+    assert restart_time(st, "eagle2", S) == S.restart_prior_s
     # A longer one raises it, for every profile never restarted (the others' boots count too).
     st.startup_s["baseline"] = 400.0
-    assert _restart(st, "eagle2", S) == pytest.approx(400.0 + S.restart_overhead_s)
+    assert restart_time(st, "eagle2", S) == pytest.approx(400.0 + S.restart_overhead_s)
     st.startup_s["eagle2"] = 300.0
-    assert _restart(st, "eagle2", S) == pytest.approx(300.0 + S.restart_overhead_s)
+    assert restart_time(st, "eagle2", S) == pytest.approx(300.0 + S.restart_overhead_s)
     # A measured restart is the estimate, whatever was reported.
     st.restart_s["eagle5"] = 500.0
-    assert _restart(st, "eagle5", S) == 500.0
-    assert _restart(st, "eagle2", S) == 500.0  # the longest learned of another, above the boot
+    assert restart_time(st, "eagle5", S) == 500.0
+    assert restart_time(st, "eagle2", S) == 500.0  # the longest learned of another, above the boot
     assert PolicyState.from_dict(json.loads(json.dumps(st.to_dict()))).startup_s == st.startup_s
 
 
@@ -633,7 +634,7 @@ def test_a_step_time_change_that_comes_with_the_traffic_is_not_a_system_change(
     window as a traffic change it marks no drift and makes no profile's data stale, and the
     running profile keeps its estimates; alone, it is a change of the system."""
     from policies.changepoint import CusumEvent
-    from policies.decide import _on_event
+    from policies.intake import _on_event
 
     dr = warmed()
     st = dr.state

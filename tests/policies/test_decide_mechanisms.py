@@ -509,7 +509,7 @@ def test_a_change_in_acceptance_leaves_step_times_fresh_and_one_in_cycle_time_ac
     tok/s, as if the step times had moved, and that width bought an exploration of baseline
     (worse in fact). Acceptance data are stale after a change in acceptance, step times after
     one in step time, each alone."""
-    from policies.decide import _model_change
+    from policies.intake import _model_change
 
     dr = Driver("baseline", seed=28)
     for name in ("baseline", "eagle2", "eagle5"):

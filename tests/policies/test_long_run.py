@@ -19,11 +19,10 @@ from policies.decide import (
     decide,
     initial_state,
     on_switch_done,
-    settings_from_dict,
-    settings_to_dict,
 )
 from policies.hybrid import rewrite_pays, seed_table
 from policies.overhead import wall_estimate
+from policies.settings import settings_from_dict, settings_to_dict
 from policies.types import Action, Decision, Observation, Overrides, ProfileSpec, Reason
 from tests.policies.driver import SPECS, Driver
 from tests.policies.synth import PROFILES, Cost, Synth
