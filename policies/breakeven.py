@@ -6,7 +6,7 @@ sequence, so the break-even accept length is baseline_tok_s x cycle_s. At a batc
 baseline serves B / T_base(B) tok/s and a speculative profile B x E[L] / T_cycle(B), so the
 batch-size variant is T_cycle(B) / T_base(B).
 
-Must not: estimate anything (estimators.py does), or know about profiles or decisions. Accept
+Must not: estimate anything (the estimator modules do), or know about profiles or decisions. Accept
 lengths here always count accepted drafts + the bonus token (SGLang's `spec_accept_length`).
 """
 

@@ -15,7 +15,7 @@ the benchmark both call `diff`). Rules:
   Observation for the current profile with `counter_reset=True` and no counter deltas at all
   (every delta None, no workloads, no moments, no histogram); gauges still come from `cur`.
 
-Must not: estimate, smooth, or judge (estimators.py does); read clocks; do I/O.
+Must not: estimate, smooth, or judge (the estimator modules do); read clocks; do I/O.
 """
 
 from __future__ import annotations
