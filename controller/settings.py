@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from controller import sglang_names as sg
 from controller.fleet.settings import FleetSettings
+from policies.settings import PolicySettings
 from policies.types import Mode, ProfileSpec
 
 EXIT_CONFIG = 78  # EX_CONFIG; the systemd unit sets RestartPreventExitStatus=78
@@ -502,13 +503,11 @@ DERIVED_POLICY_KEYS = {
 }
 
 
-def policy_settings(settings: Settings, read_routing: bool = True) -> Any:
+def policy_settings(settings: Settings, read_routing: bool = True) -> PolicySettings:
     """policies.settings.PolicySettings with the [policy] overrides applied (unknown key -> error).
     Where [policy] gives no MoE routing, it is read from the model's config.json
     (`model_routing`) unless `read_routing` is False (validating the file needs no model)."""
     import dataclasses
-
-    from policies.settings import PolicySettings
 
     defaults = PolicySettings()
     known = {f.name for f in dataclasses.fields(PolicySettings)}
@@ -555,8 +554,6 @@ def policy_help() -> list[tuple[str, Any, str]]:
     import dataclasses
     import inspect
     import re
-
-    from policies.settings import PolicySettings
 
     defaults = PolicySettings()
     notes: dict[str, str] = {}

@@ -371,7 +371,7 @@ class CycleTimeSurface:
             (p, k)
             for p, bs in self.buckets.items()
             for k, st in sorted(bs.items())
-            if self._bucket_has_data(st)
+            if self._enough(st)
         )
 
     def discount(self, profile: str, factor: float, max_windows: float | None = None) -> None:
@@ -400,8 +400,7 @@ class CycleTimeSurface:
 
     # -- queries
     def has_data(self, profile: str) -> bool:
-        st = self.stats[profile]
-        return st.count >= self.min_windows and st.s0 >= self.min_steps
+        return self._enough(self.stats[profile])
 
     def last_t_s(self, profile: str) -> float | None:
         return self.stats[profile].last_t_s
@@ -502,7 +501,8 @@ class CycleTimeSurface:
             draft_resid_per_step_s=sum(draft) / len(draft) if draft else 0.0,
         )
 
-    def _bucket_has_data(self, st: LineStats) -> bool:
+    def _enough(self, st: LineStats) -> bool:
+        """Whether `st` (a profile's line or one batch bucket's) holds the minimum of data."""
         return st.count >= self.min_windows and st.s0 >= self.min_steps
 
     def _points(self, profile: str) -> list[tuple[float, float, float, int]]:
@@ -510,7 +510,7 @@ class CycleTimeSurface:
         enough data, by batch size."""
         out = []
         for k, st in self.buckets[profile].items():
-            if not self._bucket_has_data(st):
+            if not self._enough(st):
                 continue
             wv = st.window_var()
             var = (wv if wv is not None else (0.05 * st.level) ** 2) / max(st.n_eff(), 1.0)
@@ -765,7 +765,7 @@ class CycleTimeSurface:
         for k, d in snapshot.get("buckets", {}).items():
             old = LineStats.from_dict(d)
             cur = self.buckets[profile].get(int(k))
-            if (cur is None or cur.count == 0) and self._bucket_has_data(old):
+            if (cur is None or cur.count == 0) and self._enough(old):
                 self.buckets[profile][int(k)] = old
                 restored += 1
         if restored:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from controller import sglang_names as sg
 from controller.bench.scenario import ADAPTIVE_PROFILE, HYBRID_PROFILE, bench_profile
+from policies.settings import PolicySettings
 from policies.types import (
     Action,
     Decision,
@@ -273,12 +274,10 @@ class UCB:
 # --------------------------------------------------------------------------------------------
 
 
-def user_settings(sim: SimProfile | None = None, **overrides: Any) -> Any:
+def user_settings(sim: SimProfile | None = None, **overrides: Any) -> PolicySettings:
     """policies.settings.PolicySettings as a user serving the simulated model writes them: its
     routing ([policy] moe_experts, moe_topk: facts of the model, in its Hugging Face config)
     from the profile, every knob at its default unless `overrides` sets it."""
-    from policies.settings import PolicySettings
-
     if sim is not None and sim.target.moe_experts > 1:
         overrides = {
             "moe_experts": sim.target.moe_experts,
@@ -295,11 +294,11 @@ class Specpilot:
 
     name = "specpilot"
 
-    def __init__(self, settings: Any | None = None) -> None:
+    def __init__(self, settings: PolicySettings | None = None) -> None:
         from policies import decide as policy
 
         self.policy = policy
-        self.settings = settings if settings is not None else policy.PolicySettings()
+        self.settings = settings if settings is not None else PolicySettings()
         self.overrides = Overrides()
         self.state: Any = None
 
