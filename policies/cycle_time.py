@@ -549,7 +549,8 @@ class CycleTimeSurface:
         the mirror image within [y0 B/B0, y0] (where another profile served that batch size the
         system's curve there is data: the continuation is a line, half its growth uncertain,
         centred on the line's mean within the band and never leaving it). The centre is the
-        chord or the end secant."""
+        chord or the end secant; with no slope anywhere, the band's geometric middle (an
+        elasticity of step time in B uniform on [0, 1]: the middle in tokens per second too)."""
         pts = self._points(profile)
         if not pts:
             line = self._line_predict(profile, batch)
@@ -620,7 +621,7 @@ class CycleTimeSurface:
         # The physically possible band beyond the data (see above).
         lo, hi = sorted((y0, y0 * batch / b0))
         if slope_var is None:
-            return _Pred((lo + hi) / 2.0, v0, "extrapolated", lo, hi)
+            return _Pred(math.sqrt(lo * hi), v0, "extrapolated", lo, hi)
         slope, svar = slope_var
         mean = min(max(y0 + slope * d, lo), hi)
         # Where a line's spread is the uncertainty, the physical band still bounds it (a line

@@ -378,6 +378,27 @@ def test_extrapolation_band_respects_monotonicity_and_per_sequence_cost() -> Non
     assert down is not None and down.low >= y16 * 4.0 / 16.0 * 0.99 and down.high <= y16 * 1.01
 
 
+def test_one_served_size_and_no_slope_anywhere_centre_the_band_geometrically() -> None:
+    """Baseline served 16 sequences only and no profile varied its batch size: beyond it the
+    step time is anywhere from flat to proportional to B, below it from proportional to flat.
+    Nothing says where: the centre is the band's geometric middle (an unknown elasticity
+    uniform on [0, 1]), which is the middle of the band in tokens per second too; the
+    arithmetic middle of the step times priced a profile read 3x up at two thirds of the
+    throughput of flat where proportional gives a third."""
+    y = 0.02
+    surf = CycleTimeSurface([BASE], min_windows=3)
+    _feed_exact(surf, "baseline", lambda b: y, (16.0,))
+    up, down = surf.estimate("baseline", 48.0), surf.estimate("baseline", 16.0 / 3.0)
+    assert up is not None and down is not None
+    assert up.mean == pytest.approx(y * math.sqrt(3.0), rel=1e-6)
+    assert down.mean == pytest.approx(y / math.sqrt(3.0), rel=1e-6)
+    # The band is the interval: flat to proportional.
+    assert up.low <= y * 1.001 and up.high >= 3.0 * y * 0.999
+    assert down.low <= y / 3.0 * 1.001 and down.high >= y * 0.999
+    # In throughput the centre is as far (in ratio) from either end of the band.
+    assert (1.0 / up.mean) / (1.0 / (3.0 * y)) == pytest.approx((1.0 / y) / (1.0 / up.mean))
+
+
 def test_tail_model_is_not_biased_by_a_mixture_of_workloads() -> None:
     """Two workloads with very different acceptance share one server-wide histogram of 2-step
     accepted drafts: its later positions over-represent the high-alpha workload, so a pooled
