@@ -1016,6 +1016,44 @@ def _one_chain(known: Mapping[int, Estimate], t0: Estimate | None, g: int) -> Es
     return Estimate(mean, max(mean - half, 1e-9), mean + half, min(eg.n, t0.n))
 
 
+def _held_to_run(known: Mapping[int, Estimate], t0: Estimate | None) -> dict[int, Estimate]:
+    """The chains never run (n == 0: a reading of the run ones, centred on a guess) held to what
+    the run chains and tier 0 allow: the cycle never falls with more steps, and between two
+    anchors lies between their chord and the upper one (the verify's excess over a decode
+    forward anywhere from all per verified token to all fixed, as `_one_chain`); beyond the
+    last, between it and the chord of the last two continued. Lines through an unheld guess
+    carried it to every tier (stress z4: 2-step read off 5-step below the decode step put tier
+    1 under tier 0 and tier 7 half a millisecond dearer than the run chain allows)."""
+    anchors = {g: e.mean for g, e in known.items() if e.n > 0}
+    if t0 is not None:
+        anchors[0] = t0.mean
+    gs = sorted(anchors)
+    out = dict(known)
+    for g, e in known.items():
+        if e.n > 0:
+            continue
+        below, above = [a for a in gs if a < g], [a for a in gs if a > g]
+        if below and above:
+            a, b = below[-1], above[0]
+            lo = anchors[a] + (g - a) / (b - a) * (anchors[b] - anchors[a])
+            hi = anchors[b]
+        elif len(below) >= 2:
+            a, b = below[-2], below[-1]
+            lo = anchors[b]
+            hi = anchors[b] + (g - b) / (b - a) * (anchors[b] - anchors[a])
+        elif below:
+            lo, hi = anchors[below[-1]], math.inf
+        elif above:
+            lo, hi = 0.0, anchors[above[0]]
+        else:
+            continue
+        if not lo <= hi or lo <= e.mean <= hi:
+            continue  # run chains out of order (a change between them) say nothing here
+        m = min(max(e.mean, lo), hi)
+        out[g] = Estimate(m, min(max(e.low, lo), m), max(min(e.high, hi), m), e.n)
+    return out
+
+
 def tier_cycle_from(
     fixed: Mapping[int, Callable[[float], Estimate | None]],
     baseline: Callable[[float], Estimate | None] | None,
@@ -1028,27 +1066,34 @@ def tier_cycle_from(
     tax, taken uniform on [0, DRAFT_SHARE_MAX x T_g / (g + 1)] of the shallowest run tier. With
     one run chain and the baseline's data, the other tiers are priced by `_one_chain`, so the
     tiers of a profile set with one chain (baseline, 2-step and an adaptive profile whose table
-    uses 1 step) are priced, and its own windows can correct them."""
+    uses 1 step) are priced, and its own windows can correct them. A chain never run is held
+    to what the run ones and tier 0 allow (`_held_to_run`) before any tier is read off it."""
+
+    @functools.lru_cache(maxsize=256)
+    def read_at(batch: float) -> dict[int, Estimate]:
+        known = {s: f(batch) for s, f in fixed.items()}
+        return {s: e for s, e in known.items() if e is not None}
 
     @functools.lru_cache(maxsize=256)
     def chains_at(batch: float) -> dict[int, Estimate]:
         # Every tier at a batch size reads the same chains' estimates: read them once.
-        known = {s: f(batch) for s, f in fixed.items()}
-        return {s: e for s, e in known.items() if e is not None}
+        return _held_to_run(read_at(batch), at(batch, 0))
 
     def at(batch: float, g: int) -> Estimate | None:
-        known = chains_at(batch)
         if g == 0:
+            known = read_at(batch)
             if baseline is None or not known:
                 return None
             base = baseline(batch)
             if base is None:
                 return None
-            g1 = min(known)
-            tax_max = DRAFT_SHARE_MAX * known[g1].mean / (g1 + 1)
+            ref = {s: e for s, e in known.items() if e.n > 0} or known
+            g1 = min(ref)
+            tax_max = DRAFT_SHARE_MAX * ref[g1].mean / (g1 + 1)
             half = math.hypot(base.mean - base.low, tax_max / 2.0)
             mean = base.mean + tax_max / 2.0
             return Estimate(mean, max(mean - half, 1e-9), mean + half, base.n)
+        known = chains_at(batch)
         if g in known:
             return known[g]
         if len(known) == 1:

@@ -482,6 +482,40 @@ def test_one_chain_and_the_baseline_price_every_tier() -> None:
     assert t3.low < t2.mean and t3.high > line3
 
 
+def test_a_chain_never_run_is_held_to_what_the_run_ones_allow() -> None:
+    # 5-step ran (its own windows); 2-step never did: its cycle is a reading of 5-step's (n 0),
+    # centred on a guess, here under the decode step. The cycle never falls with more steps and
+    # grows no faster per step than the line from tier 0 to the run chain: the guess is held to
+    # that line before any other tier is read through it (unheld, the line through it put tier
+    # 1 under tier 0 and tier 7 dearer than the run chain allows).
+    def run(b: float) -> Estimate:
+        return Estimate(0.0100, 0.0099, 0.0101, 500.0)
+
+    def guess(b: float) -> Estimate:
+        return Estimate(0.0063, 0.0043, 0.0090, 0.0)
+
+    def base(b: float) -> Estimate:
+        return Estimate(0.0064, 0.0063, 0.0065, 400.0)
+
+    cyc = tier_cycle_from({2: guess, 5: run}, base)
+    t0, t1, t2, t5, t7 = (cyc(4, g) for g in (0, 1, 2, 5, 7))
+    assert t0 is not None and t1 is not None and t2 is not None and t7 is not None
+    assert t5 == run(4)
+    line2 = t0.mean + 2 / 5 * (0.0100 - t0.mean)
+    assert t2.mean == pytest.approx(line2)
+    assert t2.low <= t2.mean <= t2.high <= 0.0100
+    assert t0.mean < t1.mean < t2.mean
+    assert t7.mean == pytest.approx(0.0100 + 2 / 3 * (0.0100 - line2))
+    # A guess inside that band is left as it is.
+    inside = lambda b: Estimate(0.0090, 0.0080, 0.0100, 0.0)  # noqa: E731
+    assert tier_cycle_from({2: inside, 5: run}, base)(4, 2) == inside(4)
+    # Without the baseline's decode nothing holds the guess from below.
+    blind = tier_cycle_from({2: guess, 5: run}, None)
+    b2, b7 = blind(4, 2), blind(4, 7)
+    assert b2 is not None and b2.mean == pytest.approx(0.0063)
+    assert b7 is not None and b7.mean == pytest.approx(0.0100 + 2 * (0.0100 - 0.0063) / 3)
+
+
 def test_accept_model_from_predictions() -> None:
     specs = [
         ProfileSpec("baseline"),
