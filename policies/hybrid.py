@@ -1016,6 +1016,11 @@ def _one_chain(known: Mapping[int, Estimate], t0: Estimate | None, g: int) -> Es
     return Estimate(mean, max(mean - half, 1e-9), mean + half, min(eg.n, t0.n))
 
 
+def _run(known: Mapping[int, Estimate]) -> dict[int, Estimate]:
+    """The chains priced by their own windows (n > 0), not read off others."""
+    return {g: e for g, e in known.items() if e.n > 0}
+
+
 def _held_to_run(known: Mapping[int, Estimate], t0: Estimate | None) -> dict[int, Estimate]:
     """The chains never run (n == 0: a reading of the run ones, centred on a guess) held to what
     the run chains and tier 0 allow: the cycle never falls with more steps, and between two
@@ -1024,7 +1029,7 @@ def _held_to_run(known: Mapping[int, Estimate], t0: Estimate | None) -> dict[int
     last, between it and the chord of the last two continued. Lines through an unheld guess
     carried it to every tier (stress z4: 2-step read off 5-step below the decode step put tier
     1 under tier 0 and tier 7 half a millisecond dearer than the run chain allows)."""
-    anchors = {g: e.mean for g, e in known.items() if e.n > 0}
+    anchors = {g: e.mean for g, e in _run(known).items()}
     if t0 is not None:
         anchors[0] = t0.mean
     gs = sorted(anchors)
@@ -1075,29 +1080,34 @@ def tier_cycle_from(
         return {s: e for s, e in known.items() if e is not None}
 
     @functools.lru_cache(maxsize=256)
+    def tier0_at(batch: float) -> Estimate | None:
+        # Every other tier at a batch size may read tier 0 (the hold, one chain): read it once.
+        known = read_at(batch)
+        if baseline is None or not known:
+            return None
+        base = baseline(batch)
+        if base is None:
+            return None
+        ref = _run(known) or known
+        g1 = min(ref)
+        tax_max = DRAFT_SHARE_MAX * ref[g1].mean / (g1 + 1)
+        half = math.hypot(base.mean - base.low, tax_max / 2.0)
+        mean = base.mean + tax_max / 2.0
+        return Estimate(mean, max(mean - half, 1e-9), mean + half, base.n)
+
+    @functools.lru_cache(maxsize=256)
     def chains_at(batch: float) -> dict[int, Estimate]:
         # Every tier at a batch size reads the same chains' estimates: read them once.
-        return _held_to_run(read_at(batch), at(batch, 0))
+        return _held_to_run(read_at(batch), tier0_at(batch))
 
     def at(batch: float, g: int) -> Estimate | None:
         if g == 0:
-            known = read_at(batch)
-            if baseline is None or not known:
-                return None
-            base = baseline(batch)
-            if base is None:
-                return None
-            ref = {s: e for s, e in known.items() if e.n > 0} or known
-            g1 = min(ref)
-            tax_max = DRAFT_SHARE_MAX * ref[g1].mean / (g1 + 1)
-            half = math.hypot(base.mean - base.low, tax_max / 2.0)
-            mean = base.mean + tax_max / 2.0
-            return Estimate(mean, max(mean - half, 1e-9), mean + half, base.n)
+            return tier0_at(batch)
         known = chains_at(batch)
         if g in known:
             return known[g]
         if len(known) == 1:
-            return _one_chain(known, at(batch, 0), g)
+            return _one_chain(known, tier0_at(batch), g)
         pair = line_pair(known, g)
         if pair is None:
             return None  # no chain priced at this batch size
