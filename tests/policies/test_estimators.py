@@ -113,6 +113,11 @@ def test_surface_needs_baseline_and_speculative_data() -> None:
     assert base.high <= e2.high and base.low >= e2.low * 0.95 / 3 * 0.99
     pred = m.predict("baseline", batch=8.0)
     assert pred.tok_s is not None and pred.source == "bound"
+    # Nothing says where in the band the decode lies: it is priced at the band's geometric
+    # middle, which is the middle of its band in tokens per second too.
+    assert base.mean == pytest.approx(math.sqrt(base.low * base.high))
+    tok = pred.tok_s
+    assert tok.mean == pytest.approx(math.sqrt(tok.low * tok.high))
     # No break-even accept length from a bound: it needs the baseline's own step time.
     assert m.predict("eagle2", batch=8.0).breakeven_accept_length is None
 
