@@ -1,12 +1,11 @@
 """What an exploration is worth: the distributions a profile's price is weighed with, and the
 expected value and cost arithmetic decide()'s exploration rule runs on them.
 
-Owns `prior_dist` (a prediction as a normal, a bound as a log-uniform band, an unseen
-acceptance as a uniform one, no prediction as a band around the running rate), their
-closed-form shortfall and the expected excess of the best of several over the running rate,
-`explore_gain` (that excess less the switch margin), `breakeven_s` (the remaining regime at
-which an exploration repays), and `interval_sd` (the normal spread of an Estimate's ~90%
-interval).
+Owns `prior_dist` (a prediction as a normal, a bound or an unseen acceptance as a uniform band,
+no prediction as a band around the running rate), their closed-form shortfall and the expected
+excess of the best of several over the running rate, `explore_gain` (that excess less the
+switch margin), `breakeven_s` (the remaining regime at which an exploration repays), and
+`interval_sd` (the normal spread of an Estimate's ~90% interval).
 
 Must not: read state, decide anything, read clocks, or do I/O.
 """
@@ -23,7 +22,7 @@ from policies.chain import Z90
 from policies.settings import PolicySettings
 from policies.types import Estimate, ProfilePrediction, ProfileSpec
 
-# A price's distribution: ("norm", mean, sd), ("unif", low, high) or ("logu", low, high).
+# A price's distribution: ("norm", mean, sd) or ("unif", low, high).
 Dist = tuple[str, float, float]
 
 
@@ -41,18 +40,12 @@ def prior_dist(
     spec: ProfileSpec,
     running: ProfileSpec,
 ) -> Dist:
-    """("norm", mean, sd) from a prediction; ("logu", low, high) over a bound (a step time
-    anywhere in a band nothing locates: uniform in its logarithm, the prior whose middle is
-    the geometric one the estimate is centred at; uniform in tok/s put seven tenths of a
-    1-to-6 band above that middle, and a baseline bounded by a long chain was weighed as
-    likely fast); ("unif", low, high) over a price whose accept length for a workload in
-    the mix no chain has served (`unseen`: the other workloads' level is its mean, anywhere
-    from 1 to steps + 1 its interval, the price linear in it; where in it the truth lies,
-    nothing says), else around the running rate: a speculative profile `spec` weighed from a
-    `running` baseline up to `explore_prior_spec_high_ratio` of it (at most its steps + 1),
-    anything else up to `explore_prior_high_ratio`."""
-    if pred is not None and pred.tok_s is not None and pred.bound and pred.tok_s.low > 0:
-        return "logu", pred.tok_s.low, max(pred.tok_s.high, pred.tok_s.low * (1 + 1e-9))
+    """("norm", mean, sd) from a prediction; ("unif", low, high) over a bound or a price whose
+    accept length for a workload in the mix no chain has served (`unseen`: the other
+    workloads' level is its mean, anywhere from 1 to steps + 1 its interval; where in it the
+    truth lies, nothing says), else around the running rate: a speculative profile `spec`
+    weighed from a `running` baseline up to `explore_prior_spec_high_ratio` of it (at most
+    its steps + 1), anything else up to `explore_prior_high_ratio`."""
     if pred is not None and pred.tok_s is not None and (pred.bound or pred.unseen):
         return "unif", pred.tok_s.low, max(pred.tok_s.high, pred.tok_s.low * (1 + 1e-9))
     if pred is not None and pred.tok_s is not None and math.isfinite(interval_sd(pred.tok_s)):
@@ -68,9 +61,6 @@ def cdf(d: Dist, x: np.ndarray) -> np.ndarray:
     kind, a, b = d
     if kind == "norm":
         return np.asarray(ndtr((x - a) / b))
-    if kind == "logu":
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.clip(np.log(np.maximum(x, a) / a) / math.log(b / a), 0.0, 1.0)
     return np.clip((x - a) / (b - a), 0.0, 1.0)
 
 
@@ -85,10 +75,6 @@ def shortfall_below(d: Dist, c: float) -> tuple[float, float]:
     if c <= a:
         return 0.0, 0.0
     hi = min(c, b)
-    if kind == "logu":
-        # density 1 / (x ln(b / a)) on [a, b]
-        w = math.log(b / a)
-        return math.log(hi / a) / w, (c * math.log(hi / a) - (hi - a)) / w
     p = (hi - a) / (b - a)
     # integral over [a, hi] of (c - x) / (b - a)
     e = ((c - a) ** 2 - (c - hi) ** 2) / (2 * (b - a))

@@ -328,12 +328,10 @@ def test_a_move_of_system_state_leaves_profiles_not_running_to_exploration() -> 
     2-step's estimate predates that move: it is centred where the move would take it and its
     interval reaches back to its old level (its source says "moved"), so the policy does not
     switch on the old level (it would be ~50% too fast); the uncertainty is weighed by
-    exploration (of 2-step, or of the baseline, bounded by 2-step's cycle), and after a run the
+    exploration (of 2-step, or of the baseline, whose data is as old), and after the run the
     explored profile's own new boot dominates its estimate (old step times weigh at most
     boot_carryover_max_windows windows), so the policy returns within its dwell and a few
-    windows. Here no run repays: the baseline's bound, weighed log-uniform over its band, nets
-    about nothing (weighed uniform in tok/s it was run, at +1600 tokens expected, and served 513
-    tok/s against 5-step's 743), and 5-step is held."""
+    windows."""
     from tests.policies.synth import Cost
 
     hi, mix = {"chat": 0.85}, {"chat": 1.0}
@@ -347,13 +345,10 @@ def test_a_move_of_system_state_leaves_profiles_not_running_to_exploration() -> 
     dr.run(400, 8, hi, mix)
     assert any(m[1] > 1.5 for m in dr.state.cycle_moves)
     after = [(d.reason, d.profile, d.t_s) for d in dr.decisions[n0:] if d.action is Action.SWITCH]
-    # Never a switch on the old level: at most an exploration and the way back.
-    assert [r for r, _, _ in after] in ([], [Reason.EXPLORE, Reason.SWITCH_PREDICTED_GAIN])
-    assert dr.state.running == "eagle5"
-    if after:
-        assert after[0][1] in ("eagle2", "baseline") and after[1][1] == "eagle5"
-        (_, _, t_go), (_, _, t_back) = after
-        assert t_back - t_go <= dr.restart_s + S.min_dwell_s + 30 * dr.window_s
+    assert [r for r, _, _ in after] == [Reason.EXPLORE, Reason.SWITCH_PREDICTED_GAIN]
+    assert after[0][1] in ("eagle2", "baseline") and after[1][1] == "eagle5"
+    (_, _, t_go), (_, _, t_back) = after
+    assert t_back - t_go <= dr.restart_s + S.min_dwell_s + 30 * dr.window_s
     # A profile whose data predates a move is predicted where the move takes it, tagged as
     # such, its interval reaching back to its old level.
     state = initial_state(PROFILES, "eagle5", 0.0, S)
