@@ -1032,24 +1032,20 @@ def _held_to_run(known: Mapping[int, Estimate], t0: Estimate | None) -> dict[int
     anchors = {g: e.mean for g, e in _run(known).items()}
     if t0 is not None:
         anchors[0] = t0.mean
-    gs = sorted(anchors)
     out = dict(known)
     for g, e in known.items():
         if e.n > 0:
             continue
-        below, above = [a for a in gs if a < g], [a for a in gs if a > g]
-        if below and above:
-            a, b = below[-1], above[0]
-            lo = anchors[a] + (g - a) / (b - a) * (anchors[b] - anchors[a])
-            hi = anchors[b]
-        elif len(below) >= 2:
-            a, b = below[-2], below[-1]
-            lo = anchors[b]
-            hi = anchors[b] + (g - b) / (b - a) * (anchors[b] - anchors[a])
-        elif below:
-            lo, hi = anchors[below[-1]], math.inf
-        elif above:
-            lo, hi = 0.0, anchors[above[0]]
+        pair = line_pair(anchors, g)
+        if pair is not None and pair[0] < g:
+            # Between two anchors, or beyond the last two: their chord at g.
+            a, b = pair
+            chord = anchors[a] + (g - a) / (b - a) * (anchors[b] - anchors[a])
+            lo, hi = (chord, anchors[b]) if g < b else (anchors[b], chord)
+        elif any(a < g for a in anchors):
+            lo, hi = anchors[max(a for a in anchors if a < g)], math.inf
+        elif anchors:
+            lo, hi = 0.0, anchors[min(anchors)]
         else:
             continue
         if not lo <= hi or lo <= e.mean <= hi:
