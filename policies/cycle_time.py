@@ -644,6 +644,7 @@ class CycleTimeSurface:
             extra = SURFACE_REL_ERR_FLOOR * slope * abs(d) / Z90
             return _Pred(mean, v0 + svar * d * d + extra * extra, "extrapolated", limits=limits)
         rise = self._curve_rise(profile, b0, batch)
+        chord = None if rise is not None else self._token_chord_rise(profile, b0, y0, batch)
         if rise is not None:
             # The roofline through every profile's served sizes knows where the cost saturates
             # or turns compute-bound: anchored at the profile's own end point it centres the
@@ -658,6 +659,12 @@ class CycleTimeSurface:
             var = v0 + svar * d * d + extra * extra + shape * shape
             if rise is None:
                 mean = _truncated_mean(y0 + slope * d, var, lo, hi)
+                if chord is not None:
+                    # Two readings of the shape, the shared surface's one slope and the chord
+                    # in tokens to a longer (or shorter) chain's forward: the chord centres it,
+                    # their disagreement is shape uncertainty too.
+                    var += ((y0 + chord - mean) / Z90) ** 2
+                    mean = min(max(y0 + chord, lo), hi)
             return _Pred(mean, var, "extrapolated", limits=limits)
         # Beyond every batch size any profile served, the slope may be anything from flat
         # (saturated) to EXTRAPOLATION_SLOPE_MAX times the end secant (turning compute-bound),
@@ -671,6 +678,8 @@ class CycleTimeSurface:
             lo, hi = max(lo, y0 - reach), y0
         sampling = v0 + (svar * d * d if len(side) >= 2 else 0.0)
         line = y0 + slope * d
+        if chord is not None:
+            rise, mean = chord, y0 + chord
         if rise is None and not lo <= line <= hi:
             # The line left the band: its guess, with half its growth as spread, held to the
             # band, not clamped onto its edge (a random MoE day: 5-step, served at 48 streams
@@ -691,6 +700,42 @@ class CycleTimeSurface:
             return None
         n = max(int(spec.draft_tokens), 1)
         return curve.at(batch, n, spec.speculative) - curve.at(b0, n, spec.speculative)
+
+    def _token_chord_rise(self, profile: str, b0: float, y0: float, batch: float) -> float | None:
+        """How much a fixed chain's cycle grows from its own end point (b0 sequences, y0) to
+        `batch`, read piecewise linearly in tokens per forward through the forwards other fixed
+        chains served: from the nearest of its own point and theirs short of the tokens its
+        forward would carry at `batch`, to the nearest of theirs at or past them. A verify's
+        cost is mostly a function of its tokens (`_token_equivalent`), and a chord lies between
+        a saturating curve (above it) and one turning compute-bound (below it). The stand-in
+        for the roofline's rise where too few sizes were served to fit it (r26-11: 4-step,
+        served at 4 streams, read up to 16 at the shared surface's slope per token, 80 ms where
+        it took 69, and 7-step, 90 ms at 128 tokens a forward, was held over it for ten hours).
+        None for a baseline (another kernel path), an adaptive profile, or with no chain's
+        forward at or past those tokens."""
+        q = self.specs[profile]
+        if not q.speculative or q.adaptive:
+            return None
+        nq = max(int(q.draft_tokens), 1)
+        t0, t = b0 * nq, batch * nq
+        up = t > t0
+        near: tuple[float, float] = (t0, y0)  # the nearest short of t (own end point first)
+        far: tuple[float, float] | None = None  # the nearest at or past t
+        for name, sp in self.specs.items():
+            if name == profile or not sp.speculative or sp.adaptive:
+                continue
+            n_p = max(int(sp.draft_tokens), 1)
+            for b, y, _, _ in self._points(name):
+                tp = b * n_p
+                if (tp >= t) if up else (tp <= t):
+                    if far is None or abs(tp - t) < abs(far[0] - t):
+                        far = (tp, y)
+                elif ((tp > t0) if up else (tp < t0)) and abs(tp - t) < abs(near[0] - t):
+                    near = (tp, y)
+        if far is None or far[0] == near[0]:
+            return None
+        (ta, ya), (tb, yb) = near, far
+        return ya + (yb - ya) * (t - ta) / (tb - ta) - y0
 
     def _served_by_any(self, profile: str, batch: float) -> bool:
         """Whether some profile's batch buckets with data reach `batch` (its bucket, or between

@@ -410,3 +410,34 @@ def test_a_failed_trial_is_not_retried_on_the_same_estimates() -> None:
     assert [r for _, r in into].count("switch_predicted_gain") == 1
     horizon = Specpilot().settings.amortisation_horizon_s
     assert all(t - back[0] >= horizon for t, _ in into[1:])
+
+
+def test_a_chain_read_past_its_served_streams_is_priced_along_the_token_chord() -> None:
+    """Random day r26-11, shortened: 4-step served 4 streams, then 16 streams on code and the
+    default workload for three hours, where 4-step is the best profile (10% above 7-step).
+    Five batch sizes served are too few for the roofline; the shared surface's one slope per
+    token priced 4-step at 16 streams at 80 ms a cycle (it takes 69), under 7-step's rate, and
+    7-step, once explored, was held all day. Read along the chord in tokens to 7-step's
+    128-token forward, 4-step is priced near its truth and run."""
+    sc = scenario_from_dict(
+        {
+            "name": "t",
+            "profile": "kimi-k2.5-pcie-untuned",
+            "seed": 33678,
+            "initial_profile": "eagle3-4step",
+            "profiles": ["baseline", "eagle3-4step", "eagle3-7step"],
+            "phases": [
+                {"duration_s": 3889, "concurrency": 4, "workloads": {"default": 0.42}},
+                {"duration_s": 583, "concurrency": 2, "workloads": {"chat": 0.63, "code": 0.7}},
+                {
+                    "duration_s": 10800,
+                    "concurrency": 16,
+                    "workloads": {"default": 0.43, "code": 0.54},
+                },
+            ],
+        }
+    )
+    rep = replay(sc, Specpilot())
+    assert rep.switches and rep.switches[-1].to_profile == "eagle3-4step"
+    best = replay(sc, Static("eagle3-4step")).tokens
+    assert replay(sc, Static("eagle3-7step")).tokens < 0.95 * best

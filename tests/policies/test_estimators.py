@@ -932,3 +932,52 @@ def test_a_slope_only_one_token_count_identified_spans_per_token_to_per_sequence
     assert fit is not None and fit.varied_ns == (1, 6)
     lo, hi = fit.slope_range(3)
     assert lo == hi
+
+
+def _moe_on_pcie(tokens: float, spec: bool, batch: float) -> float:
+    """One forward of the simulator's untuned Kimi shape: routed experts streamed as the
+    tokens reach them, until the all-reduce over PCIe (linear in tokens) takes over."""
+    experts = 1.0 - (1.0 - 8.0 / 384.0) ** tokens
+    return (
+        0.013
+        + (0.0078 if spec else 0.0)
+        + max(0.0015 + 0.0527 * experts, 0.0005 * tokens)
+        + 0.00008 * batch
+    )
+
+
+def _saturating_moe(tokens: float, spec: bool, batch: float) -> float:
+    """Experts saturating and no compute-bound turn: concave in tokens all the way."""
+    experts = 1.0 - (1.0 - 8.0 / 384.0) ** tokens
+    return 0.009 + (0.015 if spec else 0.0) + 0.0015 + 0.053 * experts + 0.00006 * batch
+
+
+@pytest.mark.parametrize("per_forward", [_moe_on_pcie, _saturating_moe])
+def test_a_chain_read_past_its_served_sizes_follows_the_token_chord_to_a_longer_chain(
+    per_forward,  # type: ignore[no-untyped-def]
+) -> None:
+    """An MoE day (r26-11): baseline served 2, 4 and 16 streams, 4-step 4 streams (20 tokens
+    a forward), 7-step 16 streams (128 tokens). Five sizes are too few to fit the roofline;
+    the shared surface's one slope per token read 4-step at 16 streams (80 tokens) 15% dear on
+    the PCIe shape (the simulator's), and 7-step was held over it for ten hours. A verify's
+    cost is mostly a function of its tokens: the chord in tokens from 4-step's own point to
+    7-step's centres it between the shapes the data allow (a saturating curve lies above the
+    chord, one turning compute-bound below), the truth inside the band either way."""
+    e4 = ProfileSpec("eagle4", num_steps=4, draft_tokens=5, algorithm="EAGLE3")
+    e7 = ProfileSpec("eagle7", num_steps=7, draft_tokens=8, algorithm="EAGLE3")
+    surf = CycleTimeSurface([BASE, e4, e7], min_windows=3)
+    _feed_exact(surf, "baseline", lambda b: per_forward(b, False, b), (2.0, 4.0, 16.0))
+    _feed_exact(surf, "eagle4", lambda b: per_forward(5.0 * b, True, b), (4.0,))
+    _feed_exact(surf, "eagle7", lambda b: per_forward(8.0 * b, True, b), (16.0,))
+    assert surf.forward_curve() is None
+    assert surf.support("eagle4", 16.0) == "extrapolated"
+    up, want_up = surf.estimate("eagle4", 16.0), per_forward(80.0, True, 16.0)
+    # Going down the chord runs the other way: 7-step at 4 streams (32 tokens) lies between
+    # 4-step's 20-token forward and its own 128.
+    down, want_down = surf.estimate("eagle7", 4.0), per_forward(32.0, True, 4.0)
+    for e, want in ((up, want_up), (down, want_down)):
+        assert e is not None and e.low <= want <= e.high, (e, want)
+        # The surface's slope was 17% dear up and 3% cheap down on the PCIe shape, 9% dear
+        # and 21% cheap on the saturating one.
+        err = abs(e.mean / want - 1.0)
+        assert err < (0.06 if per_forward is _moe_on_pcie else 0.12), (e, want)
