@@ -549,7 +549,9 @@ class CycleTimeSurface:
         the mirror image within [y0 B/B0, y0] (where another profile served that batch size the
         system's curve there is data: the continuation is a line, half its growth uncertain,
         centred on the line's mean within the band and never leaving it). The centre is the
-        chord or the end secant; with no slope anywhere, the band's geometric middle (an
+        chord or the end secant, beyond the data the roofline's rise where it is fitted, else a
+        chain's chord in tokens to other chains' forwards (`_token_chord_rise`); with no slope
+        anywhere, the band's geometric middle (an
         elasticity of step time in B uniform on [0, 1]: the middle in tokens per second too)."""
         pts = self._points(profile)
         if not pts:
