@@ -681,8 +681,8 @@ class CycleTimeSurface:
         sampling = v0 + (svar * d * d if len(side) >= 2 else 0.0)
         line = y0 + slope * d
         if chord is not None:
-            rise, mean = chord, y0 + chord
-        if rise is None and not lo <= line <= hi:
+            mean = y0 + chord
+        elif rise is None and not lo <= line <= hi:
             # The line left the band: its guess, with half its growth as spread, held to the
             # band, not clamped onto its edge (a random MoE day: 5-step, served at 48 streams
             # only, read down to 1.5 at a slope borrowed from baseline, sat on the band's
@@ -720,23 +720,22 @@ class CycleTimeSurface:
             return None
         nq = max(int(q.draft_tokens), 1)
         t0, t = b0 * nq, batch * nq
-        up = t > t0
-        near: tuple[float, float] = (t0, y0)  # the nearest short of t (own end point first)
-        far: tuple[float, float] | None = None  # the nearest at or past t
+        # Cycle by tokens per forward: its own end point, and the other chains' forwards on
+        # the far side of it (the first one served at a token count stands for it).
+        by_tokens = {t0: y0}
         for name, sp in self.specs.items():
             if name == profile or not sp.speculative or sp.adaptive:
                 continue
             n_p = max(int(sp.draft_tokens), 1)
             for b, y, _, _ in self._points(name):
-                tp = b * n_p
-                if (tp >= t) if up else (tp <= t):
-                    if far is None or abs(tp - t) < abs(far[0] - t):
-                        far = (tp, y)
-                elif ((tp > t0) if up else (tp < t0)) and abs(tp - t) < abs(near[0] - t):
-                    near = (tp, y)
-        if far is None or far[0] == near[0]:
-            return None
-        (ta, ya), (tb, yb) = near, far
+                if (b * n_p > t0) if t > t0 else (b * n_p < t0):
+                    by_tokens.setdefault(b * n_p, y)
+        if t in by_tokens:
+            return by_tokens[t] - y0
+        pair = line_pair(by_tokens, t)
+        if pair is None or not pair[0] < t < pair[1]:
+            return None  # nothing served at or past t: no chord reaches it
+        (ta, ya), (tb, yb) = ((k, by_tokens[k]) for k in pair)
         return ya + (yb - ya) * (t - ta) / (tb - ta) - y0
 
     def _served_by_any(self, profile: str, batch: float) -> bool:

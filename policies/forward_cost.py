@@ -40,10 +40,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 from scipy.optimize import nnls
+
+# A size a cost is read across: chain lengths (int) or tokens per forward (float).
+_Size = TypeVar("_Size", int, float)
 
 # Parameters of the model: a, c, m0, m1, k, kv.
 N_PARAMS = 6
@@ -95,8 +98,9 @@ class ForwardCurve:
         return a + (c if speculative else 0.0) + max(mem, k * t) + kv * batch
 
 
-def line_pair(known: Iterable[int], x: int) -> tuple[int, int] | None:
-    """The two known chain lengths (a < b, neither x) whose line reads the cost at length x:
+def line_pair(known: Iterable[_Size], x: _Size) -> tuple[_Size, _Size] | None:
+    """The two known chain lengths (a < b, neither x) whose line reads the cost at length x
+    (or any other size a cost is read across, such as tokens per forward):
     the nearest on each side of x (interpolation), else the two nearest on x's one side (the
     end secant continued); None with fewer than two."""
     ks = sorted(set(known) - {x})
