@@ -432,7 +432,7 @@ class CycleTimeSurface:
             self._fit = self._fit_surface()
             self._curve = fit_forward_curve(
                 [
-                    ForwardPoint(b, max(int(sp.draft_tokens), 1), sp.speculative, y)
+                    ForwardPoint(b, sp.forward_tokens, sp.speculative, y)
                     for name, sp in self.specs.items()
                     if not sp.adaptive
                     for b, y, _, _ in self._points(name)
@@ -452,7 +452,7 @@ class CycleTimeSurface:
             spec = self.specs[name]
             if spec.adaptive or not self.has_data(name):
                 continue
-            n = max(int(spec.draft_tokens), 1)
+            n = spec.forward_tokens
             s = 1.0 if n > 1 else 0.0
             s0, s1, s2, sy, sxy = st.s0, st.s1, st.s2, st.sy, st.sxy
             # sum over steps of f f' with f = [1, s, n B, B]
@@ -483,7 +483,7 @@ class CycleTimeSurface:
         spec_ns: list[int] = []
         has_base = False
         for spec, st in used:
-            n = max(int(spec.draft_tokens), 1)
+            n = spec.forward_tokens
             at = fit.at(st.bbar, n)
             resid = st.level - at
             rel2.append((resid / st.level) ** 2)
@@ -527,7 +527,7 @@ class CycleTimeSurface:
         fit = self.surface()
         spec = self.specs[profile]
         if fit is not None and fit.slope_identified and not spec.adaptive:
-            return _slope_with_split(fit, max(int(spec.draft_tokens), 1))
+            return _slope_with_split(fit, spec.forward_tokens)
         return None
 
     def _own_predict(self, profile: str, batch: float) -> _Pred | None:
@@ -700,7 +700,7 @@ class CycleTimeSurface:
         curve = self.usable_curve()
         if spec.adaptive or curve is None:
             return None
-        n = max(int(spec.draft_tokens), 1)
+        n = spec.forward_tokens
         return curve.at(batch, n, spec.speculative) - curve.at(b0, n, spec.speculative)
 
     def _token_chord_rise(self, profile: str, b0: float, y0: float, batch: float) -> float | None:
@@ -718,7 +718,7 @@ class CycleTimeSurface:
         q = self.specs[profile]
         if not q.speculative or q.adaptive:
             return None
-        nq = max(int(q.draft_tokens), 1)
+        nq = q.forward_tokens
         t0, t = b0 * nq, batch * nq
         # Cycle by tokens per forward: its own end point, and the other chains' forwards on
         # the far side of it (the first one served at a token count stands for it).
@@ -726,7 +726,7 @@ class CycleTimeSurface:
         for name, sp in self.specs.items():
             if name == profile or not sp.speculative or sp.adaptive:
                 continue
-            n_p = max(int(sp.draft_tokens), 1)
+            n_p = sp.forward_tokens
             for b, y, _, _ in self._points(name):
                 if (b * n_p > t0) if t > t0 else (b * n_p < t0):
                     by_tokens.setdefault(b * n_p, y)
@@ -749,7 +749,7 @@ class CycleTimeSurface:
         # Reads only which buckets hold data, as _members does (_forget relies on it).
         k = batch_bucket(batch)
         q = self.specs[profile]
-        nq = max(int(q.draft_tokens), 1)
+        nq = q.forward_tokens
         batch_seen, tokens_seen = False, q.adaptive  # an adaptive profile's tokens move
         for name in self.buckets:
             pts = self._points(name)
@@ -759,7 +759,7 @@ class CycleTimeSurface:
                 batch_seen = True
             sp = self.specs[name]
             if not sp.adaptive and not tokens_seen:
-                b = batch * nq / max(int(sp.draft_tokens), 1)
+                b = batch * nq / sp.forward_tokens
                 tokens_seen = b <= pts[-1][0] or batch_bucket(b) == pts[-1][3]
             if batch_seen and tokens_seen:
                 return True
@@ -782,7 +782,7 @@ class CycleTimeSurface:
             return st.level, level_var
         fit = self.surface()
         spec = self.specs[profile]
-        n = max(int(spec.draft_tokens), 1)
+        n = spec.forward_tokens
         if fit is not None and fit.slope_identified and not spec.adaptive:
             bs, svar = _slope_with_split(fit, n)
             return st.level + bs * d, level_var + svar * d * d
@@ -869,11 +869,11 @@ class CycleTimeSurface:
         low, high = 0.0, math.inf
         if q.adaptive:
             return low, high
-        nq = max(int(q.draft_tokens), 1)
+        nq = q.forward_tokens
         for name, p in self.specs.items():
             if name == profile or p.adaptive:
                 continue
-            n_p = max(int(p.draft_tokens), 1)
+            n_p = p.forward_tokens
             for b, y, v, _ in self._points(name):
                 half = Z90 * math.sqrt(v)
                 if q.speculative and p.speculative and b <= batch and b * n_p >= batch * nq:
@@ -1068,7 +1068,7 @@ class CycleTimeSurface:
         fit = self.surface()
         if fit is None:
             return None
-        n = max(int(spec.draft_tokens), 1)
+        n = spec.forward_tokens
         if n > 1:
             if not fit.spec_ns or not fit.has_baseline:
                 return None  # the speculative terms are unidentified
@@ -1109,7 +1109,7 @@ class CycleTimeSurface:
             if own is None or own.mean <= 0:
                 continue
             lo_p, hi_p = own.interval()
-            n = max(int(sp.draft_tokens), 1)
+            n = sp.forward_tokens
             lo = max(lo_p, own.mean * 1e-3) * (1.0 - DRAFT_SHARE_MAX) / n
             return Estimate(math.sqrt(lo * hi_p), lo, hi_p, 0.0)
         return None

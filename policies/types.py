@@ -85,6 +85,12 @@ class ProfileSpec:
         return self.algorithm is not None
 
     @property
+    def forward_tokens(self) -> int:
+        """Tokens per sequence one forward of this profile carries (a verify's draft tokens, a
+        decode's one): what the cost of a forward is read across."""
+        return max(int(self.draft_tokens), 1)
+
+    @property
     def max_steps(self) -> int:
         """The deepest chain the server may run: `num_steps`, or an adaptive profile's deepest
         candidate (an accept length is at most this + 1)."""
