@@ -660,7 +660,9 @@ def replace_predictions(
     state: PolicyState, preds: list[ProfilePrediction], s: PolicySettings
 ) -> list[ProfilePrediction]:
     """decide's decode predictions with every adaptive profile's from its table, where the
-    estimates can price it (else the profile's own-data prediction stays)."""
+    estimates can price it (else the profile's own-data prediction stays), and every fixed
+    chain never run priced by what an adaptive profile measured running its tier
+    (`_tier_measured`)."""
     if state.hybrid is None:
         return preds
     specs = state.specs
@@ -668,8 +670,79 @@ def replace_predictions(
     for pr in preds:
         spec = specs[pr.profile]
         hp = predict(state, spec, state.model.batch_for(spec.name), s) if spec.adaptive else None
-        out.append(hp if hp is not None else pr)
+        out.append(hp if hp is not None else _tier_measured(state, spec, pr))
     return out
+
+
+# A tier's cell speaks for the chain of its steps only where the tier carried at least this
+# share of the adaptive profile's windows at the bucket (a table of one candidate there, or a
+# bucket settled on the tier): a cell of windows spread over several tiers holds an attribution
+# by predicted shares, not a measurement of the tier.
+TIER_MEASURED_MIN_SHARE = 0.9
+
+
+def _tier_measured(
+    state: PolicyState, spec: ProfileSpec, pr: ProfilePrediction
+) -> ProfilePrediction:
+    """`pr` for a fixed chain with no step times of its own (its cycle read off the other
+    profiles': "surface"), re-priced where an adaptive profile of its drafter ran its step count
+    at the batch size it would serve now: that tier is the chain's very forward (the table's
+    tier g is priced by this chain: `_chains`), so the tier's mean observed cycle time there
+    (its model then times its correction, both in its (bucket, tier) cells) is the chain's, and
+    the prediction moves by its ratio to the chain's estimate at the bucket's mean batch, with
+    the cell's standard error (tuned-one-stream: a table of 2 steps ran 50 minutes at 90.7
+    tok/s while 2-step, never run, was priced off 5-step and the baseline at 100.9 and
+    explored, to serve 90.9). `pr` unchanged otherwise."""
+    hs = state.hybrid
+    if (
+        hs is None
+        or not hs.corr
+        or spec.adaptive
+        or not spec.speculative
+        or pr.tok_s is None
+        or pr.cycle_s is None
+        or "surface" not in pr.source.split("+")
+    ):
+        return pr
+    b = state.model.batch_for(spec.name)
+    if b is None or b < 1.0:
+        return pr
+    k, g = str(batch_bucket(b)), spec.num_steps
+    min_w = float(state.settings.min_windows)
+    for a in state.profiles:
+        corr = hs.corr.get(a.name) if a.adaptive else None
+        if not corr or _chains(_fixed_specs(state, a)).get(g) != spec.name:
+            continue
+        t, r, nb = corr.get(f"T:{k}:{g}"), corr.get(f"R:{k}:{g}"), corr.get(f"N:{k}")
+        if t is None or r is None or nb is None or not (nb.w > 0 and r.w > 0):
+            continue
+        if t.w < TIER_MEASURED_MIN_SHARE * nb.w:
+            continue
+        u = _usable(t, min_w, False)
+        own = state.model.cycle.estimate(spec.name, max(nb.mean(), 1.0))
+        if u is None or own is None or not own.mean > 0:
+            continue
+        L = pr.accept_length
+        if L is None:
+            continue
+        # Log of the tier's observed cycle at the bucket minus the chain's estimate there now:
+        # the measurement replaces the surface, its interval the cell's standard error.
+        f = u[0] + r.mean() - math.log(own.mean)
+        c0 = pr.cycle_s.mean
+        cyc = scale_estimate(Estimate(c0, c0, c0, t.w), f, u[1])
+        tok = Estimate(
+            b * L.mean / cyc.mean, b * L.low / cyc.high, b * L.high / cyc.low, min(L.n, t.w)
+        )
+        return ProfilePrediction(
+            pr.profile,
+            tok,
+            accept_length=L,
+            cycle_s=cyc,
+            breakeven_accept_length=pr.breakeven_accept_length,
+            observed_tok_s=pr.observed_tok_s,
+            source=f"{pr.source}+tier",
+        )
+    return pr
 
 
 # --------------------------------------------------------------------------------------------

@@ -66,3 +66,18 @@ def test_its_table_runs_the_two_step_tier_at_one_stream(
     assert slots[route(slots, 1, 48)].candidate_steps == (2,)
     tiers = {o.spec_num_steps for o, _ in log if o.profile == H and o.decode_tokens}
     assert tiers == {2.0}
+
+
+def test_the_chain_of_the_tier_it_ran_is_priced_by_that_tier(
+    run: tuple[peers.SpecpilotHybrid, list[tuple[Observation, Decision]]],
+) -> None:
+    """The 2-step chain never ran, and its step time read off 5-step and the baseline was 10%
+    short: priced at 100.9 tok/s, it was explored 65 minutes in and kept at 90.9, a restart for
+    nothing. The adaptive profile's windows at its 2-step tier are that chain's forward: once
+    they count, the chain is priced at what the tier served."""
+    _pol, log = run
+    served = [o for o, _ in log if o.profile == H and o.decode_tokens]
+    assert len(served) > 60
+    tok_s = sum(o.decode_tokens for o in served[-30:]) / sum(o.window_s for o in served[-30:])
+    last = next(d for _, d in reversed(log) if f"pred_tok_s.{TWO}" in d.diagnostics)
+    assert last.diagnostics[f"pred_tok_s.{TWO}"] == pytest.approx(tok_s, rel=0.02)

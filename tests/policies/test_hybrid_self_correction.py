@@ -11,9 +11,9 @@ import dataclasses
 import math
 
 from policies import hybrid_decide
-from policies.decide import PolicyState, decide, initial_state, on_switch_done
+from policies.decide import PolicyState, decide, initial_state, on_switch_done, predictions
 from policies.settings import PolicySettings
-from policies.types import Overrides, ProfileSpec, Reason
+from policies.types import Overrides, ProfilePrediction, ProfileSpec, Reason
 from tests.policies.synth import PROFILES, Cost, Synth
 
 S = PolicySettings()
@@ -27,15 +27,17 @@ TABLE = {"1": {"candidate_steps": [2]}}
 PAUSE = Overrides(paused_until_s=math.inf)
 
 
-def _trained(seed: int = 5) -> tuple[PolicyState, Synth, float]:
-    """Every fixed profile run 40 windows at BATCH, then the adaptive one launched (decisions
-    paused: the test drives which profile runs)."""
+def _trained(
+    seed: int = 5, fixed: tuple[str, ...] = ("baseline", "eagle2", "eagle5")
+) -> tuple[PolicyState, Synth, float]:
+    """The `fixed` profiles (default: every one) run 40 windows each at BATCH, then the adaptive
+    one launched (decisions paused: the test drives which profile runs)."""
     st = initial_state(
         (*PROFILES, HYB), "baseline", 0.0, S, adaptive_tables={"hybrid": {"table": TABLE}}
     )
     syn = Synth(cost=Cost(), seed=seed)
     t = 0.0
-    for name in ("baseline", "eagle2", "eagle5", "hybrid"):
+    for name in (*fixed, "hybrid"):
         if name != st.running:
             t += 120.0
             st = on_switch_done(st, name, True, 120.0, t)
@@ -180,3 +182,36 @@ def test_a_correction_against_a_continued_line_stays_at_its_bucket() -> None:
     st, syn, t = _trained(seed=19)
     st = _at_32(st, syn, t, ("eagle2", "hybrid"))
     assert hybrid_decide.self_correction(st, "hybrid", BATCH)["T:2"] is not None
+
+
+def _chain_pred(st: PolicyState, name: str) -> ProfilePrediction:
+    return {p.profile: p for p in predictions(st)}[name]
+
+
+def test_a_chain_never_run_is_priced_by_the_tier_an_adaptive_profile_ran() -> None:
+    """baseline and 5-step ran; 2-step never did, so its step time is read off theirs (the
+    surface). The verify forward then gets 40% dearer and the adaptive profile runs its one
+    tier, 2 steps: the very forward of the 2-step chain. 2-step is priced by what that tier
+    measured (within a few percent of its truth), where the surface alone is far off; the
+    cell counts only where the tier carried the bucket's windows."""
+    st, syn, t = _trained(9, ("baseline", "eagle5"))
+    before = _chain_pred(st, "eagle2")
+    assert before.source.split("+")[-1] == "surface" and not st.model.cycle.has_data("eagle2")
+    syn.cost = dataclasses.replace(syn.cost, verify_fixed_s=syn.cost.verify_fixed_s * 1.4)
+    truth = syn.true_tok_s(st.specs["eagle2"], BATCH, ALPHAS, CHAT)
+    assert before.tok_s is not None and before.tok_s.mean > 1.1 * truth
+    st, t = _run_hybrid(st, syn, t, 30)
+    after = _chain_pred(st, "eagle2")
+    assert "tier" in after.source.split("+") and after.tok_s is not None
+    assert abs(after.tok_s.mean / truth - 1.0) < 0.03, (before.tok_s, after.tok_s, truth)
+    assert after.tok_s.low <= truth <= after.tok_s.high
+    # Windows spread over several tiers at the bucket are an attribution, not a measurement.
+    hs = st.hybrid
+    assert hs is not None
+    corr = hs.corr["hybrid"]
+    for key in [k for k in corr if k.startswith("N:")]:
+        n = corr[key]
+        corr[key] = dataclasses.replace(n, w=n.w / hybrid_decide.TIER_MEASURED_MIN_SHARE * 1.5)
+    spread = _chain_pred(st, "eagle2")
+    assert "tier" not in spread.source.split("+")
+    assert spread.tok_s is not None and spread.tok_s.mean > 1.1 * truth
