@@ -46,10 +46,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from policies.chain import Z90
 from policies.forgetting import AGGREGATE, batch_bucket, decay
 from policies.hybrid import (
     DEFAULT_BUCKETS,
     AcceptModel,
+    AdaptiveBreakdown,
     CycleFn,
     LogRatio,
     SlotRule,
@@ -646,6 +648,15 @@ def predict(
         L *= math.exp(fl[0])
     if corr and any(r.count >= state.settings.min_windows for r in corr.values()):
         source += "+self"
+    se = _measured_se(corr, br, batch, float(state.settings.min_windows)) if corr else None
+    if se is not None:
+        # Its own windows at this batch measured the tiers it runs here: what it serves is a
+        # measurement, and the emulation's spread (acceptance paired with slow cycles, shares
+        # of the rule's tiers) is in doubt no further than the measurement is.
+        band = math.exp(Z90 * se)
+        low, high = max(tok.low, tok.mean / band), min(tok.high, tok.mean * band)
+        tok = Estimate(tok.mean, min(low, tok.mean), max(high, tok.mean), tok.n)
+        source += "+measured"
     return ProfilePrediction(
         spec.name,
         tok,
@@ -654,6 +665,28 @@ def predict(
         observed_tok_s=state.model.observed_tok_s(spec.name),
         source=source,
     )
+
+
+def _measured_se(
+    corr: Mapping[str, LogRatio], br: AdaptiveBreakdown, batch: float, min_w: float
+) -> float | None:
+    """The standard error (log) of an adaptive profile's prediction at `batch` where its own
+    windows measured it: cells of their own at the batch's bucket for the tiers carrying at
+    least TIER_MEASURED_MIN_SHARE of its verify batches there, and for its tokens per cycle;
+    None otherwise."""
+    k = str(batch_bucket(batch))
+    cells = [
+        (c, share)
+        for g, share in br.shares.items()
+        if (c := corr.get(f"T:{k}:{g}")) is not None and c.count >= min_w and c.w > 0
+    ]
+    acc = corr.get(f"L:{k}")
+    if sum(sh for _, sh in cells) < TIER_MEASURED_MIN_SHARE or acc is None or acc.count < min_w:
+        return None
+    pooled = cells[0][0]
+    for c, _ in cells[1:]:
+        pooled = pooled.merged(c)
+    return math.hypot(pooled.se(SELF_SE_FLOOR), acc.se(SELF_SE_FLOOR))
 
 
 def replace_predictions(

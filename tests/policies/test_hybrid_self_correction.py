@@ -215,3 +215,24 @@ def test_a_chain_never_run_is_priced_by_the_tier_an_adaptive_profile_ran() -> No
     spread = _chain_pred(st, "eagle2")
     assert "tier" not in spread.source.split("+")
     assert spread.tok_s is not None and spread.tok_s.mean > 1.1 * truth
+
+
+def test_a_prediction_its_own_windows_measured_is_as_narrow_as_the_measurement() -> None:
+    """Before it runs, the adaptive profile's price carries the emulation's spread (acceptance
+    paired with slow cycles across the rule's tiers). Once its own windows at the batch cover
+    the tier it runs and its tokens per cycle, its price is a measurement: within a few percent,
+    however wide the emulation was (a random day: a running table's 44% spread set a 196 tok/s
+    switch margin that kept it running at 0.92 of a chain measured beside it)."""
+    st, syn, t = _trained(7, ("baseline", "eagle5"))  # its tier, 2 steps, read off the two
+    pr0 = hybrid_decide.predict(st, HYB, BATCH, S)
+    assert pr0 is not None and pr0.tok_s is not None and "measured" not in pr0.source
+    st, t = _run_hybrid(st, syn, t, 30)
+    pr = hybrid_decide.predict(st, HYB, BATCH, S)
+    assert pr is not None and pr.tok_s is not None
+    assert "measured" in pr.source.split("+")
+    truth = _truth(syn)
+    assert pr.tok_s.low <= truth <= pr.tok_s.high
+    assert pr.tok_s.high / pr.tok_s.low < 1.05 < pr0.tok_s.high / pr0.tok_s.low
+    # At a batch size its windows did not serve, the emulation's spread stays.
+    far = hybrid_decide.predict(st, HYB, 8 * BATCH, S)
+    assert far is not None and far.tok_s is not None and "measured" not in far.source
