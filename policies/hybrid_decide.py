@@ -571,19 +571,35 @@ def observe_self(state: PolicyState, obs: Observation, s: PolicySettings) -> Non
         corr.setdefault(f"L:{b}", LogRatio()).add(x_l)
 
 
-def discount_self(state: PolicyState, profile: str, factor: float, what: str = "all") -> None:
+def discount_self(
+    state: PolicyState,
+    profile: str,
+    factor: float,
+    what: str = "all",
+    max_windows: float | None = None,
+) -> None:
     """Keep `factor` of an adaptive profile's self-correction evidence ("cycle": its cycle
     ratios, at a detected change in its cycle time; "accept": its accept ratios, at one in its
-    acceptance; "all": both, at a new boot), as the estimators discount their own."""
+    acceptance; "all": both, at a new boot), as the estimators discount their own: its cycle
+    ratios at a batch bucket, like a profile's step times at a new boot, at most `max_windows`
+    windows' worth (the bucket's cells scaled alike, so the tiers keep their shares), and its
+    accept ratios, like accept lengths, `factor` of theirs."""
     hs = state.hybrid
     corr = hs.corr.get(profile) if hs is not None else None
     if not corr:
         return
     f = min(max(factor, 0.0), 1.0)
     prefix = {"cycle": ("T:", "R:", "N:"), "accept": ("L:",), "all": ("T:", "R:", "N:", "L:")}[what]
+    # Per bucket: N:<bucket> counts its windows (one each), which the T and R cells share out.
+    cap = {
+        k[2:]: min(f, max(max_windows, 0.0) / r.w)
+        for k, r in corr.items()
+        if max_windows is not None and k.startswith("N:") and r.w > 0
+    }
     for k, r in corr.items():
         if k.startswith(prefix):
-            r.scale(f)
+            bucket = k.split(":")[1]
+            r.scale(cap.get(bucket, f) if k[0] in "TRN" else f)
             r.count = 0.0
 
 

@@ -313,7 +313,9 @@ def ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
 def _boot_discount(state: PolicyState, profile: str, s: PolicySettings) -> None:
     """A new boot of `profile`: its old estimates become a weak prior (drift across boots)."""
     state.model.cycle.discount(profile, s.boot_carryover, max_windows=s.boot_carryover_max_windows)
-    hybrid_decide.discount_self(state, profile, s.boot_carryover)
+    hybrid_decide.discount_self(
+        state, profile, s.boot_carryover, max_windows=s.boot_carryover_max_windows
+    )
     state.model.accept.discount(profile, s.boot_carryover, moved=False)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pytest
+
 from policies import hybrid_decide
 from policies.decide import PolicyState, decide, initial_state, on_switch_done, predictions
 from policies.settings import PolicySettings
@@ -141,14 +143,26 @@ def test_self_correction_round_trips() -> None:
 
 
 def test_a_new_boot_keeps_only_a_carryover_of_the_correction() -> None:
+    """Like a profile's step times at a new boot, its cycle ratios keep at most
+    boot_carryover_max_windows windows' worth per batch bucket (the tier cells scaled as their
+    bucket's window count, so the tiers keep their shares), and its accept ratios, like accept
+    lengths, boot_carryover of theirs. A quarter of 40 windows would outweigh the first 9 of a
+    boot whose verify moved (r20-17: 31 windows of an hour at one stream against a trial's 4,
+    which then priced the table at 116 tok/s against the 60 it served, and it was tried again)."""
     st, syn, t = _trained(seed=17)
     syn.cost = dataclasses.replace(syn.cost, verify_fixed_s=syn.cost.verify_fixed_s * 1.3)
     st, t = _run_hybrid(st, syn, t, 40)
     assert st.hybrid is not None
-    w_before = st.hybrid.corr["hybrid"]["T:4:2"].w
+    before = {k: r.w for k, r in st.hybrid.corr["hybrid"].items()}
     st = on_switch_done(st, "hybrid", True, 120.0, t + 120.0)
-    r = st.hybrid.corr["hybrid"]["T:4:2"]
-    assert math.isclose(r.w, S.boot_carryover * w_before) and r.count == 0.0
+    corr = st.hybrid.corr["hybrid"]
+    n = corr["N:4"]
+    assert n.w == pytest.approx(S.boot_carryover_max_windows) and n.count == 0.0
+    scale = n.w / before["N:4"]
+    assert corr["T:4:2"].w == pytest.approx(scale * before["T:4:2"])
+    assert corr["R:4:2"].w == pytest.approx(scale * before["R:4:2"])
+    assert corr["L:4"].w == pytest.approx(S.boot_carryover * before["L:4"])
+    assert all(r.count == 0.0 for r in corr.values())
 
 
 def _at_32(st: PolicyState, syn: Synth, t: float, names: tuple[str, ...]) -> PolicyState:
