@@ -10,7 +10,10 @@ policies.decide calls:
 - `observe`: one window's batch size into the histogram, and a flip when it moved by 2x;
 - `predict`: an adaptive profile's prediction at a batch size (policies.hybrid.predict_adaptive
   on the fixed profiles' cycle estimates and acceptance, wall time as decide converts it),
-  corrected by what its own windows said;
+  corrected by what its own windows said, and no wider than their measurement where they
+  measured it (`+measured`);
+- `replace_predictions`: decide's predictions with the adaptive profiles' from `predict`, and a
+  fixed chain never run priced by the tier of its steps an adaptive profile ran (`+tier`);
 - `observe_self` / `discount_self`: a running adaptive profile's windows against its
   uncorrected prediction (forgotten log ratios per batch bucket and tier: the self-correction
   that `inputs` applies to the tier cycle times and `predict` to the accept length), and their
