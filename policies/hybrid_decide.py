@@ -419,6 +419,14 @@ SELF_SE_FLOOR = 0.005
 SELF_TRANSFER_DOUBT = 0.5
 
 
+def _pooled(cells: list[LogRatio]) -> LogRatio:
+    """One LogRatio of several cells' windows (at least one cell)."""
+    pooled = cells[0]
+    for c in cells[1:]:
+        pooled = pooled.merged(c)
+    return pooled
+
+
 def _usable(r: LogRatio | None, min_w: float, other_bucket: bool) -> tuple[float, float] | None:
     if r is None or r.count < min_w or r.w <= 0:
         return None
@@ -474,9 +482,7 @@ def _cycle_factor(
         ]
         if not parts:
             continue
-        pooled = parts[0][0]
-        for x, _ in parts[1:]:
-            pooled = pooled.merged(x)
+        pooled = _pooled([x for x, _ in parts])
         f = _usable(pooled, min_w, other)
         if f is None:
             continue
@@ -574,6 +580,11 @@ def observe_self(state: PolicyState, obs: Observation, s: PolicySettings) -> Non
         corr.setdefault(f"L:{b}", LogRatio()).add(x_l)
 
 
+# The self-correction cells of cycle time: per (bucket, tier) ratio and model, and per bucket
+# the windows' batch size (observe_self).
+CYCLE_CELLS = ("T:", "R:", "N:")
+
+
 def discount_self(
     state: PolicyState,
     profile: str,
@@ -592,7 +603,7 @@ def discount_self(
     if not corr:
         return
     f = min(max(factor, 0.0), 1.0)
-    prefix = {"cycle": ("T:", "R:", "N:"), "accept": ("L:",), "all": ("T:", "R:", "N:", "L:")}[what]
+    prefix = {"cycle": CYCLE_CELLS, "accept": ("L:",), "all": (*CYCLE_CELLS, "L:")}[what]
     # Per bucket: N:<bucket> counts its windows (one each), which the T and R cells share out.
     cap = {
         k[2:]: min(f, max(max_windows, 0.0) / r.w)
@@ -601,8 +612,7 @@ def discount_self(
     }
     for k, r in corr.items():
         if k.startswith(prefix):
-            bucket = k.split(":")[1]
-            r.scale(cap.get(bucket, f) if k[0] in "TRN" else f)
+            r.scale(cap.get(k.split(":")[1], f) if k.startswith(CYCLE_CELLS) else f)
             r.count = 0.0
 
 
@@ -694,18 +704,17 @@ def _measured_se(
     least TIER_MEASURED_MIN_SHARE of its verify batches there, and for its tokens per cycle;
     None otherwise."""
     k = str(batch_bucket(batch))
-    cells = [
-        (c, share)
-        for g, share in br.shares.items()
-        if (c := corr.get(f"T:{k}:{g}")) is not None and c.count >= min_w and c.w > 0
-    ]
+    cells = {
+        g: c
+        for g in br.shares
+        if (c := corr.get(f"T:{k}:{g}")) is not None and _usable(c, min_w, False) is not None
+    }
     acc = corr.get(f"L:{k}")
-    if sum(sh for _, sh in cells) < TIER_MEASURED_MIN_SHARE or acc is None or acc.count < min_w:
+    if acc is None or _usable(acc, min_w, False) is None:
         return None
-    pooled = cells[0][0]
-    for c, _ in cells[1:]:
-        pooled = pooled.merged(c)
-    return math.hypot(pooled.se(SELF_SE_FLOOR), acc.se(SELF_SE_FLOOR))
+    if sum(br.shares[g] for g in cells) < TIER_MEASURED_MIN_SHARE:
+        return None
+    return math.hypot(_pooled(list(cells.values())).se(SELF_SE_FLOOR), acc.se(SELF_SE_FLOOR))
 
 
 def replace_predictions(
