@@ -73,6 +73,25 @@ def scenario_table(res: ScenarioResult) -> Table:
     return t
 
 
+def ratio_to(sp: Row, other: Row) -> float:
+    """specpilot's tokens over `other`'s (inf where `other` served none): the peer target's
+    ratio, met at 1 - TARGET_PEER_SLACK and above."""
+    return sp.tokens / other.tokens if other.tokens > 0 else math.inf
+
+
+def ahead_of_specpilot(res: ScenarioResult, policy: str) -> bool | None:
+    """Whether `policy` served more than TARGET_PEER_SLACK more than specpilot on this scenario
+    (for "specpilot": whether any adaptive peer did); None without both rows."""
+    rows = {r.policy: r for r in res.rows}
+    sp = rows.get("specpilot")
+    if sp is None:
+        return None
+    others = [p for p in PEERS if p in rows] if policy == "specpilot" else [policy]
+    if not others or any(p not in rows for p in others):
+        return None
+    return any(ratio_to(sp, rows[p]) < 1.0 - TARGET_PEER_SLACK for p in others)
+
+
 def target_checks(res: ScenarioResult) -> list[tuple[bool, str]]:
     """(met, text) for every target the issue sets for specpilot on this scenario."""
     rows = {r.policy: r for r in res.rows}
@@ -94,7 +113,7 @@ def target_checks(res: ScenarioResult) -> list[tuple[bool, str]]:
     )
     for peer in PEERS:
         if peer in rows:
-            ratio = sp.tokens / rows[peer].tokens if rows[peer].tokens > 0 else math.inf
+            ratio = ratio_to(sp, rows[peer])
             out.append(
                 (
                     ratio >= 1.0 - TARGET_PEER_SLACK,
@@ -176,24 +195,29 @@ def print_results(
 def summary_table(results: Sequence[ScenarioResult]) -> Table:
     """Every policy row the scenarios share (static profiles differ from one scenario's set to
     another's and are left out): the mean and the lowest ratio to oracle_dp and to the best
-    static profile over the scenarios, and in how many the row is at or above the issue's
-    TARGET_ORACLE_DP x oracle_dp. A ratio over no tokens (no traffic) counts in none."""
+    static profile over the scenarios, in how many the row is at or above the issue's
+    TARGET_ORACLE_DP x oracle_dp, and in how many it served more than TARGET_PEER_SLACK more
+    than specpilot (specpilot's row: in how many some adaptive peer did; "-" without specpilot's
+    row). A ratio over no tokens (no traffic) counts in none."""
     names = [r.policy for r in results[0].rows if not r.policy.startswith("static:")]
     shared = [n for n in names if all(any(r.policy == n for r in res.rows) for res in results)]
     t = Table(title=f"all {len(results)} scenarios", title_justify="left")
     at_least = f">= {TARGET_ORACLE_DP:g} x oracle_dp"
-    for col in ("policy", "mean /oracle_dp", "min", "mean /best_static", at_least):
+    ahead = f"> {TARGET_PEER_SLACK:.1%} above specpilot"
+    for col in ("policy", "mean /oracle_dp", "min", "mean /best_static", at_least, ahead):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for name in shared:
         rows = [r for res in results for r in res.rows if r.policy == name]
         dp = [r.ratio_oracle_dp for r in rows if math.isfinite(r.ratio_oracle_dp)]
         bs = [r.ratio_best_static for r in rows if math.isfinite(r.ratio_best_static)]
+        over = [ahead_of_specpilot(res, name) for res in results]
         t.add_row(
             name,
             _fmt_ratio(sum(dp) / len(dp) if dp else math.nan),
             _fmt_ratio(min(dp) if dp else math.nan),
             _fmt_ratio(sum(bs) / len(bs) if bs else math.nan),
             f"{sum(x >= TARGET_ORACLE_DP for x in dp)} of {len(rows)}",
+            "-" if None in over else f"{sum(bool(x) for x in over)} of {len(over)}",
             style="bold" if name == "specpilot" else None,
         )
     return t

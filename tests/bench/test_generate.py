@@ -152,6 +152,16 @@ def test_the_summary_over_scenarios_averages_the_rows_they_share() -> None:
     assert cells["min"] == ["0.9000", "1.0000", "0.8000"]
     assert cells["mean /best_static"] == ["0.9700", "1.0700", "0.8000"]
     assert cells[">= 0.95 x oracle_dp"] == ["1 of 2", "2 of 2", "0 of 2"]
+    # More than 0.5% above specpilot: greedy on a (a peer: specpilot's row counts it), oracle_dp
+    # on both; ucb, without tokens on b, on neither.
+    assert cells["> 0.5% above specpilot"] == ["1 of 2", "2 of 2", "0 of 2"]
+    # 0.4% above is within the target's slack.
+    a.rows[-1] = row("a", "greedy", 0.9638, 1)
+    t = summary_table([a, b])
+    assert list(t.columns[-1].cells) == ["0 of 2", "2 of 2", "0 of 2"]
+    # Without specpilot's row nothing is measured against it.
+    solo = summary_table([result("c", [row("c", "ucb", 0.8, 0.8)])])
+    assert list(solo.columns[-1].cells) == ["-"]
     console = Console(record=True, width=200)
     # One scenario: its own table says it all; two: the summary follows.
     assert "all 2 scenarios" not in _printed(console, print_results, [a])
