@@ -30,6 +30,7 @@ from policies.forgetting import (
     Memo,
     all_finite,
     batch_bucket,
+    carryover,
     decay,
     estimate_within,
 )
@@ -381,10 +382,7 @@ class CycleTimeSurface:
         f = min(max(factor, 0.0), 1.0)
         self._memo.clear()
         for st in (self.stats[profile], *self.buckets[profile].values()):
-            cap = f
-            if max_windows is not None and st.windows > 0:
-                cap = min(f, max(max_windows, 0.0) / st.windows)
-            st.scale(cap)
+            st.scale(carryover(f, st.windows, max_windows))
             st.count = 0
         self._fit_dirty = True
 

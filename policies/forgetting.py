@@ -72,6 +72,14 @@ def decay(window_s: float, half_life_s: float) -> float:
     return float(0.5 ** (max(window_s, 0.0) / half_life_s))
 
 
+def carryover(factor: float, windows: float, max_windows: float | None) -> float:
+    """The share of old evidence a discount keeps of a line holding `windows` (forgotten)
+    windows: `factor`, and at most `max_windows` windows' worth (None: no cap)."""
+    if max_windows is None or windows <= 0:
+        return factor
+    return min(factor, max(max_windows, 0.0) / windows)
+
+
 def all_finite(*xs: float) -> bool:
     """Whether every one of `xs` is a finite number (a window with a NaN or inf is dropped)."""
     return all(math.isfinite(x) for x in xs)

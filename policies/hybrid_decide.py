@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from policies.chain import Z90
-from policies.forgetting import AGGREGATE, batch_bucket, decay
+from policies.forgetting import AGGREGATE, batch_bucket, carryover, decay
 from policies.hybrid import (
     DEFAULT_BUCKETS,
     AcceptModel,
@@ -605,11 +605,7 @@ def discount_self(
     f = min(max(factor, 0.0), 1.0)
     prefix = {"cycle": CYCLE_CELLS, "accept": ("L:",), "all": (*CYCLE_CELLS, "L:")}[what]
     # Per bucket: N:<bucket> counts its windows (one each), which the T and R cells share out.
-    cap = {
-        k[2:]: min(f, max(max_windows, 0.0) / r.w)
-        for k, r in corr.items()
-        if max_windows is not None and k.startswith("N:") and r.w > 0
-    }
+    cap = {k[2:]: carryover(f, r.w, max_windows) for k, r in corr.items() if k.startswith("N:")}
     for k, r in corr.items():
         if k.startswith(prefix):
             r.scale(cap.get(k.split(":")[1], f) if k.startswith(CYCLE_CELLS) else f)
@@ -762,13 +758,14 @@ def _tier_measured(
         or not spec.speculative
         or pr.tok_s is None
         or pr.cycle_s is None
+        or pr.accept_length is None
         or "surface" not in pr.source.split("+")
     ):
         return pr
     b = state.model.batch_for(spec.name)
     if b is None or b < 1.0:
         return pr
-    k, g = str(batch_bucket(b)), spec.num_steps
+    k, g, L = str(batch_bucket(b)), spec.num_steps, pr.accept_length
     min_w = float(state.settings.min_windows)
     for a in state.profiles:
         corr = hs.corr.get(a.name) if a.adaptive else None
@@ -782,9 +779,6 @@ def _tier_measured(
         u = _usable(t, min_w, False)
         own = state.model.cycle.estimate(spec.name, max(nb.mean(), 1.0))
         if u is None or own is None or not own.mean > 0:
-            continue
-        L = pr.accept_length
-        if L is None:
             continue
         # Log of the tier's observed cycle at the bucket minus the chain's estimate there now:
         # the measurement replaces the surface, its interval the cell's standard error.
