@@ -548,7 +548,8 @@ class CycleTimeSurface:
         system's curve there is data: the continuation is a line, half its growth uncertain,
         centred on the line's mean within the band and never leaving it). The centre is the
         chord or the end secant, beyond the data the roofline's rise where it is fitted, else a
-        chain's chord in tokens to other chains' forwards (`_token_chord_rise`); with no slope
+        chain's chord in tokens to other chains' forwards (`_token_chord_rise`), else a
+        baseline's rise over the same sequences (`_decode_rise`); with no slope
         anywhere, the band's geometric middle (an
         elasticity of step time in B uniform on [0, 1]: the middle in tokens per second too)."""
         pts = self._points(profile)
@@ -644,7 +645,11 @@ class CycleTimeSurface:
             extra = SURFACE_REL_ERR_FLOOR * slope * abs(d) / Z90
             return _Pred(mean, v0 + svar * d * d + extra * extra, "extrapolated", limits=limits)
         rise = self._curve_rise(profile, b0, batch)
-        chord = None if rise is not None else self._token_chord_rise(profile, b0, y0, batch)
+        chord = None
+        if rise is None:
+            chord = self._token_chord_rise(profile, b0, y0, batch)
+            if chord is None:
+                chord = self._decode_rise(profile, b0, batch)
         if rise is not None:
             # The roofline through every profile's served sizes knows where the cost saturates
             # or turns compute-bound: anchored at the profile's own end point it centres the
@@ -735,6 +740,43 @@ class CycleTimeSurface:
             return None  # nothing served at or past t: no chord reaches it
         (ta, ya), (tb, yb) = ((k, by_tokens[k]) for k in pair)
         return ya + (yb - ya) * (t - ta) / (tb - ta) - y0
+
+    def _decode_rise(self, profile: str, b0: float, batch: float) -> float | None:
+        """How much a fixed chain's cycle grows from its largest served batch size b0 up to
+        `batch` sequences, read off a baseline that served both sizes, where no chain's forward
+        reaches the tokens a chord would need (`_token_chord_rise`). Going from b0 to `batch`
+        sequences, what a forward pays per sequence (its KV reads, sampling, the draft per
+        sequence) grows alike in a decode and in a verify, and what it pays per token (compute,
+        the experts its tokens reach) n times faster in a verify of n tokens a sequence: the
+        chain's rise lies between the decode's and n times it, and nothing in the two cycles
+        says where; its geometric middle, sqrt(n) times the decode's rise, is the centre (r26-13:
+        3-step, served at 1 and 2 streams, was read up to 32 along its own secant, 327 ms a
+        cycle where it takes 94, and the baseline held for 110 minutes at 628 tok/s against the
+        810 it serves; the baseline's rise from 2 to 32 streams, 27 ms, puts it at 95).
+        Only upwards: from a large batch, where a verify of n times the tokens may have turned
+        compute-bound while the decode has not, the decode's fall read this way missed by
+        more than the chain's own line down (the forward shapes of
+        tests/policies/test_estimators.py). None for a baseline, an adaptive profile, going
+        down, or where no baseline's own points span b0 and `batch`."""
+        q = self.specs[profile]
+        if not q.speculative or q.adaptive or batch <= b0:
+            return None
+        for name, sp in self.specs.items():
+            if sp.speculative:
+                continue
+            pts = self._points(name)
+            if not pts:
+                continue
+            (first, *_, k_first), (last, *_, k_last) = pts[0], pts[-1]
+            if not (first <= b0 or batch_bucket(b0) == k_first) or not (
+                batch <= last or batch_bucket(batch) == k_last
+            ):
+                continue
+            at_b0, at_batch = self._own_predict(name, b0), self._own_predict(name, batch)
+            if at_b0 is None or at_batch is None:
+                continue
+            return math.sqrt(q.forward_tokens) * max(at_batch.mean - at_b0.mean, 0.0)
+        return None
 
     def _served_by_any(self, profile: str, batch: float) -> bool:
         """Whether some profile's batch buckets with data reach `batch` (its bucket, or between
