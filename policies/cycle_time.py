@@ -209,6 +209,10 @@ def _slope_with_split(fit: SurfaceFit, n: int) -> tuple[float, float]:
     return mid, max((hi - lo) / 2.0, SURFACE_REL_ERR_FLOOR * mid) ** 2 / Z90**2
 
 
+# `_Pred.how` of a prediction within a profile's own served batch sizes.
+WITHIN_SERVED = frozenset({"bucket", "interpolated"})
+
+
 class _Pred(NamedTuple):
     """One profile's step time at a batch size from its own data: `mean` with sampling variance
     `var`, and the band [lo, hi] the curve's unknown shape allows (None: a point, no shape
@@ -764,16 +768,9 @@ class CycleTimeSurface:
         for name, sp in self.specs.items():
             if sp.speculative:
                 continue
-            pts = self._points(name)
-            if not pts:
-                continue
-            (first, *_, k_first), (last, *_, k_last) = pts[0], pts[-1]
-            if not (first <= b0 or batch_bucket(b0) == k_first) or not (
-                batch <= last or batch_bucket(batch) == k_last
-            ):
-                continue
+            # Both sizes within the baseline's own served ones (a bucket of it, or between two).
             at_b0, at_batch = self._own_predict(name, b0), self._own_predict(name, batch)
-            if at_b0 is None or at_batch is None:
+            if at_b0 is None or at_batch is None or {at_b0.how, at_batch.how} - WITHIN_SERVED:
                 continue
             return math.sqrt(q.forward_tokens) * max(at_batch.mean - at_b0.mean, 0.0)
         return None
