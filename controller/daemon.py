@@ -2,11 +2,16 @@
 
 Owns wiring (settings -> store, clock, HTTP client, actuator, controller, API) and one asyncio
 TaskGroup running the control loop, the embedded uvicorn server (its own signal handling off)
-and the systemd watchdog. Signals: SIGTERM/SIGINT finish the tick and stop cleanly (the server
-keeps running unless the config says the controller owns it); SIGHUP reloads config.toml between
-ticks (an invalid file is rejected with a message and the old config stays). systemd: READY=1
-after migrations, config and the first good scrape; WATCHDOG=1 per tick; STATUS= with the profile
-and last decision; STOPPING=1 on shutdown.
+and the systemd watchdog. Start-up order: the API token is resolved and the API socket bound
+before anything touches the server, so a daemon that cannot serve (a bad token_file: exit 78;
+an address in use, e.g. by a daemon already running: exit 1) leaves every server as it was; a
+server is owned (stopped on the way out with owns_server) only once the start-up finished, so a
+failed start-up never stops a server it adopted. Signals: SIGTERM/SIGINT finish the tick and
+stop cleanly (the server keeps running unless the config says the controller owns it); SIGHUP
+reloads config.toml between ticks (an invalid or unreadable file is rejected with one log line
+and the old config stays; READY=1 always follows RELOADING=1). systemd: READY=1 after
+migrations, config and the first good scrape; WATCHDOG=1 per tick; STATUS= with the profile and
+last decision; STOPPING=1 on shutdown.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -61,6 +67,55 @@ def setup_logging(level: str) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpcore").setLevel(logging.WARNING)
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+
+
+class ApiBindError(RuntimeError):
+    """The API's [api] host and port cannot be listened on (in use, not an address here)."""
+
+
+def bind_api(host: str, port: int, backlog: int = 2048) -> list[socket.socket]:
+    """Listening sockets for [api] host:port, bound as asyncio's create_server binds them (every
+    address the host resolves to, SO_REUSEADDR, IPV6_V6ONLY on IPv6), for uvicorn to serve:
+    binding first, the daemon knows it can serve before it touches the server. Raises
+    ApiBindError with a one-line reason."""
+    where = f"cannot serve the API on [api] host={host!r} port={port}"
+    try:
+        infos = socket.getaddrinfo(
+            host, port, family=socket.AF_UNSPEC, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (OSError, UnicodeError) as e:
+        raise ApiBindError(f"{where}: cannot resolve the host: {e}") from None
+    socks: list[socket.socket] = []
+    try:
+        for family, type_, proto, _, addr in dict.fromkeys(infos):
+            sock = socket.socket(family, type_, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(addr)
+            except OSError as e:
+                raise ApiBindError(f"{where}: {addr[0]}:{addr[1]}: {e.strerror or e}") from None
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    if not socks:
+        raise ApiBindError(f"{where}: the host resolves to no address")
+    return socks
+
+
+def _api_token(daemon: Daemon) -> str:
+    """settings.api_token(), its ConfigError naming the config file too."""
+    try:
+        return daemon.settings.api_token()
+    except ConfigError as e:
+        if daemon.config_path is None:
+            raise
+        raise ConfigError(f"{daemon.config_path}: {e}") from None
 
 
 class EmbeddedServer(uvicorn.Server):
@@ -125,8 +180,12 @@ async def serve(
 ) -> int:
     """Run until SIGTERM/SIGINT (or `stop`). Returns the exit code.
 
-    The tick in progress when the stop comes finishes (a switch in flight runs to its end and is
-    recorded); STOPPING=1 goes out at once. The server is stopped only with owns_server."""
+    The API token and socket come first (ConfigError, ApiBindError: nothing was touched), then
+    the controller's start-up (adopts or starts the server). The tick in progress when the stop
+    comes finishes (a switch in flight runs to its end and is recorded); STOPPING=1 goes out at
+    once. The server is stopped only with owns_server, in active mode, and only once the
+    start-up finished: a start-up that fails leaves an adopted server running (another daemon's,
+    say) and, like a controller that died, a server it launched for the next one to adopt."""
     stop = stop or asyncio.Event()
     ctl = daemon.controller
     loop = asyncio.get_running_loop()
@@ -150,11 +209,14 @@ async def serve(
             notify.notify("STOPPING=1", f"STATUS=stopping; {ctl.status_line()}")
             stopping_sent = True
 
+    sockets: list[socket.socket] = []
+    owned = False  # the start-up finished: a stop with owns_server stops the server from here
     try:
-        await ctl.startup()
         settings = daemon.settings
         if settings.api.enabled:
-            app = create_app(ctl, settings.api_token())
+            token = _api_token(daemon)
+            sockets = bind_api(settings.api.host, settings.api.port)
+            app = create_app(ctl, token)
             config = uvicorn.Config(
                 app,
                 host=settings.api.host,
@@ -165,6 +227,8 @@ async def serve(
             )
             daemon.api_server = EmbeddedServer(config)
 
+        await ctl.startup()
+        owned = True
         ready_sent = False
         last_tick = [ctl.clock.monotonic()]
 
@@ -192,7 +256,7 @@ async def serve(
 
         async def api_task() -> None:
             if daemon.api_server is not None:
-                await daemon.api_server.serve()
+                await daemon.api_server.serve(sockets=sockets)
 
         async with asyncio.TaskGroup() as tg:
             watchdog = tg.create_task(notify.watchdog_task(healthy))
@@ -211,8 +275,10 @@ async def serve(
         send_stopping()
         with contextlib.suppress(Exception):
             # Advisory mode never touches the server, not even on the way out.
-            if daemon.settings.server.owns_server and ctl.mode is Mode.ACTIVE:
+            if owned and daemon.settings.server.owns_server and ctl.mode is Mode.ACTIVE:
                 await ctl.actuator.shutdown()
+        for sock in sockets:
+            sock.close()  # uvicorn closed the ones it served; these never were, or are closed
         await daemon.client.aclose()
         daemon.store.close()
         if install_signals:
@@ -227,17 +293,32 @@ def reload_config(daemon: Daemon, *, ready: bool = True) -> bool:
     ([controller] mode, poll_interval_s, scrape_error_limit, log_level; [policy]). [server],
     [api], [profiles] and the database take effect at the next start (the actuator, the API
     socket and the policy's profile set were built from them); the old values stay and a warning
-    says so. An invalid file is rejected with the message and the old configuration stays.
-    Returns whether the new file was applied."""
+    says so. An invalid or unreadable file is rejected with one log line and the old
+    configuration stays. With `ready` (READY=1 was sent) RELOADING=1 goes out first and READY=1
+    always follows, whatever happens in between (systemd would otherwise stay "reloading");
+    before that, neither (the first READY=1 is still to come). Returns whether the new file was
+    applied."""
     if daemon.config_path is None:
         return False
-    notify.notify("RELOADING=1")
+    if ready:
+        notify.notify("RELOADING=1")
+    applied = False
     try:
-        new = load_settings(daemon.config_path)
-    except ConfigError as e:
-        log.error("reload rejected, keeping the old configuration:\n%s", e)
+        applied = _apply_reload(daemon, daemon.config_path)
+    except Exception:  # a bug here must not leave systemd "reloading" (READY=1 below)
+        log.exception("reload of %s failed; keeping the old configuration", daemon.config_path)
+    finally:
         if ready:
-            notify.notify("READY=1")
+            notify.notify("READY=1", f"STATUS={daemon.controller.status_line()}")
+    return applied
+
+
+def _apply_reload(daemon: Daemon, path: Path) -> bool:
+    try:
+        new = load_settings(path)
+    except ConfigError as e:
+        why = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        log.error("reload rejected, keeping the old configuration: %s", why)
         return False
     old = daemon.settings
     ctl = daemon.controller
@@ -271,10 +352,8 @@ def reload_config(daemon: Daemon, *, ready: bool = True) -> bool:
     daemon.settings = effective
     logging.getLogger().setLevel(effective.controller.log_level.upper())
     if new.controller.mode != old.controller.mode:
-        ctl.set_mode(new.controller.mode, f"config reloaded from {daemon.config_path}", "sighup")
-    log.info("configuration reloaded from %s", daemon.config_path)
-    if ready:
-        notify.notify("READY=1", f"STATUS={ctl.status_line()}")
+        ctl.set_mode(new.controller.mode, f"config reloaded from {path}", "sighup")
+    log.info("configuration reloaded from %s", path)
     return True
 
 
@@ -308,8 +387,9 @@ async def serve_fleet(settings: Settings) -> int:
 
 
 def run_daemon(config_path: Path) -> int:
-    """`specpilot run --config FILE`: exit 78 for a bad file, 1 when the server cannot be
-    started or adopted, 0 after a clean stop."""
+    """`specpilot run --config FILE`: exit 78 for a bad file (a bad api.token_file too), 1 when
+    the API cannot be bound (nothing else was touched) or the server cannot be started or
+    adopted, 0 after a clean stop. Errors are one line, without a traceback."""
     try:
         settings = load_settings(config_path)
     except ConfigError as e:
@@ -325,6 +405,9 @@ def run_daemon(config_path: Path) -> int:
 
     try:
         return asyncio.run(main())
-    except RuntimeError as e:
+    except ConfigError as e:
+        print(f"specpilot: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except RuntimeError as e:  # ApiBindError too
         log.error("%s", e)
         return 1

@@ -16,7 +16,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from controller import sglang_names as sg
 from controller.fleet.settings import FleetSettings
@@ -36,7 +44,15 @@ class ConfigError(Exception):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Every float setting is a finite number: inf and nan are config errors ("Input should be a
+    # finite number"), not a poll that never comes or a deadline that never passes.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+def _host(v: str) -> str:
+    if not v.strip():
+        raise ValueError("must not be empty: name an address (127.0.0.1 for loopback)")
+    return v
 
 
 class ControllerSettings(_Frozen):
@@ -81,7 +97,23 @@ class ApiSettings(_Frozen):
     host: str = Field("127.0.0.1", description="Bind address; loopback by default.")
     port: int = Field(8471, ge=0, le=65535, description="0 picks a free port.")
     token: str = Field("", description="Write endpoints' bearer token.")
-    token_file: str = Field("", description="File with the token.")
+    token_file: str = Field(
+        "", description="File whose first line is the token (not with api.token)."
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _host_set(cls, v: str) -> str:
+        return _host(v)
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> ApiSettings:
+        if self.token and self.token_file:
+            raise ValueError(
+                "api.token and api.token_file are both set: keep one (which should win is "
+                "ambiguous)"
+            )
+        return self
 
 
 class ServerSettings(_Frozen):
@@ -146,6 +178,23 @@ class ServerSettings(_Frozen):
         default_factory=list, description="command actuator: prints the running profile."
     )
 
+    @field_validator("host")
+    @classmethod
+    def _host_set(cls, v: str) -> str:
+        return _host(v)
+
+    @field_validator("launch")
+    @classmethod
+    def _launch_set(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        # The process and systemd actuators run `launch`; the command actuator only hands the
+        # flags after it to switch_command, so an empty launch is its business.
+        if info.data.get("actuator", "process") != "command" and (not v or not v[0].strip()):
+            raise ValueError(
+                "must name the command that starts the server "
+                '(e.g. ["python", "-m", "sglang.launch_server"])'
+            )
+        return v
+
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
@@ -186,6 +235,9 @@ class ProfileSettings(_Frozen):
 
 class Settings(_Frozen):
     """The whole file."""
+
+    # [policy] values are checked by _check_policy_value (finite, typed, in range), with the key.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=True)
 
     controller: ControllerSettings = ControllerSettings()
     api: ApiSettings = ApiSettings()
@@ -229,17 +281,16 @@ class Settings(_Frozen):
         ]
 
     def api_token(self) -> str:
-        """Write token: SPECPILOT_API_TOKEN, else api.token, else token_file's first line."""
+        """Write token: SPECPILOT_API_TOKEN, else api.token, else token_file's first line.
+        Raises ConfigError naming api.token_file, the file and the problem (missing, a
+        directory, unreadable, not UTF-8, empty first line)."""
         env = os.environ.get("SPECPILOT_API_TOKEN", "").strip()
         if env:
             return env
         if self.api.token:
             return self.api.token
         if self.api.token_file:
-            try:
-                return Path(self.api.token_file).read_text().splitlines()[0].strip()
-            except (OSError, IndexError) as e:
-                raise ConfigError(f"api.token_file {self.api.token_file}: {e}") from e
+            return read_token_file(self.api.token_file)
         return ""
 
     def state_dir(self) -> Path:
@@ -306,6 +357,34 @@ class Settings(_Frozen):
         env.pop("WATCHDOG_USEC", None)
         env.pop("WATCHDOG_PID", None)
         return env
+
+
+def read_token_file(path: str) -> str:
+    """The first line of api.token_file, stripped; ConfigError when it cannot be the token."""
+    where = f"api.token_file {path}"
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{where}: is a directory, not a file") from None
+    except PermissionError:
+        raise ConfigError(f"{where}: cannot read it: permission denied") from None
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read it: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text ({_decode_problem(e)})") from None
+    lines = text.splitlines()
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise ConfigError(f"{where}: its first line is empty (it must hold the token)")
+    return token
+
+
+def _decode_problem(e: UnicodeDecodeError) -> str:
+    bad = e.object[e.start : e.start + 1]
+    return f"byte 0x{bad.hex()} at offset {e.start}" if bad else str(e)
 
 
 def _flag_values(flags: Sequence[str]) -> dict[str, str | None]:
@@ -471,6 +550,10 @@ def load_settings(path: str | os.PathLike[str]) -> Settings:
         raise ConfigError(f"{p}: no such file") from None
     except OSError as e:
         raise ConfigError(f"{p}: cannot read: {e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{p}: not UTF-8 text ({_decode_problem(e)}); TOML must be UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: TOML syntax error: {e}") from e
     return settings_from_dict(raw, source=str(p))
@@ -584,9 +667,18 @@ def policy_help() -> list[tuple[str, Any, str]]:
     ]
 
 
+# [policy] settings that are shares of a whole (weights kept or learnt, a fraction of a
+# threshold): 0..1. Every other number is a duration, count, budget, ratio or threshold: >= 0.
+POLICY_FRACTIONS = frozenset(
+    {"restart_learning_rate", "boot_carryover", "change_discount", "suspect_fraction"}
+)
+
+
 def _check_policy_value(key: str, value: Any, default: Any) -> None:
     """A [policy] override must have its setting's type (a float setting takes an integer too)
-    and, when a number, be finite: the policy would otherwise fail at its first tick."""
+    and, when a number, be finite (the policy would otherwise fail at its first tick) and in
+    range: no PolicySettings number means anything below 0 (a negative dwell, budget, margin or
+    count), and the POLICY_FRACTIONS are at most 1."""
     if isinstance(default, bool):
         ok, want = isinstance(value, bool), "true or false"
     elif isinstance(default, int):
@@ -598,3 +690,9 @@ def _check_policy_value(key: str, value: Any, default: Any) -> None:
         ok, want = isinstance(value, type(default)), type(default).__name__
     if not ok:
         raise ValueError(f"{key}: must be {want} (got {value!r})")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    if value < 0:
+        raise ValueError(f"{key}: must be >= 0 (got {value!r})")
+    if key in POLICY_FRACTIONS and value > 1:
+        raise ValueError(f"{key}: must be between 0 and 1 (got {value!r})")

@@ -20,7 +20,7 @@ from policies.settings import PolicySettings
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class RouterSettings(_Frozen):

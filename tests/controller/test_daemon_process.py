@@ -2,8 +2,10 @@
 AF_UNIX datagram NOTIFY_SOCKET (READY=1 after the first good scrape, WATCHDOG=1, STATUS=,
 RELOADING=1/READY=1 around SIGHUP, STOPPING=1), journald-friendly logging (JOURNAL_STREAM set: no
 timestamps), SIGHUP reload of a valid and an invalid file, SIGTERM (the server keeps running
-without owns_server, stops with it), and a SIGKILL in the middle of a switch followed by a
-restart that adopts the server, starts no second one and loses no record."""
+without owns_server, stops with it), a SIGKILL in the middle of a switch followed by a
+restart that adopts the server, starts no second one and loses no record, and a second daemon
+whose API address is taken (by the daemon already running) that exits without touching the
+server."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import contextlib
 import re
 import signal
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -267,3 +270,47 @@ def test_sigkill_mid_switch_then_restart_adopts_and_loses_no_record(tmp_path: Pa
                 p.kill()
                 p.wait()
         cleanup(s, extra)
+
+
+def test_second_daemon_whose_api_cannot_bind_leaves_the_running_server_alone(
+    tmp_path: Path,
+) -> None:
+    """`specpilot run` beside a daemon already running (its server up, its API on the port):
+    exit 1 with a one-line error, and the server it would have adopted keeps serving."""
+    with socket.socket() as api:  # the running daemon's API
+        api.bind(("127.0.0.1", 0))
+        api.listen()
+        raw = config(tmp_path, api={"enabled": True, "port": api.getsockname()[1]})
+        s = settings(raw)
+        with (tmp_path / "server.log").open("ab") as out:
+            server = subprocess.Popen(
+                s.launch_argv("baseline"),
+                env=s.launch_env("baseline"),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        pids = {server.pid}
+        try:
+            url = s.server.base_url + "/ready"
+            _wait(lambda: _status(url) == 200, 30, "the running daemon's server")
+            cfg = write_config(tmp_path / "config.toml", raw)
+            log = tmp_path / "second.log"
+            second = start_daemon(cfg, log_path=log)
+            pids.add(second.pid)
+            assert second.wait(30) == 1
+            text = log.read_text()
+            assert "Traceback" not in text, text
+            errors = [x for x in text.splitlines() if " ERROR " in x]
+            assert len(errors) == 1 and "Address already in use" in errors[0], text
+            assert server.poll() is None and _status(url) == 200
+        finally:
+            cleanup(s, pids)
+            server.wait(10)
+
+
+def _status(url: str) -> int | None:
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(url, timeout=2).status_code
+    return None

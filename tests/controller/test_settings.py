@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from controller.settings import (
     EXIT_CONFIG,
     ConfigError,
     ProfileSettings,
+    Settings,
     load_settings,
     profile_spec,
     settings_from_dict,
@@ -80,6 +82,40 @@ def test_example_config_for_real_sglang_is_advisory() -> None:
         (
             "[policy]\nmoe_experts = 8\nmoe_topk = 16\n[profiles.baseline]\n",
             "1 <= moe_topk <= moe_experts (got 8 and 16)",
+        ),
+        # Infinite or nan durations: a poll that never comes, a deadline that never passes.
+        *(
+            (
+                f"[{table}]\n{key} = {v}\n[profiles.baseline]\n",
+                f"{table}.{key}: Input should be a finite number",
+            )
+            for table, key in (
+                ("controller", "poll_interval_s"),
+                ("controller", "scrape_timeout_s"),
+                ("server", "start_timeout_s"),
+                ("server", "stop_timeout_s"),
+                ("server", "drain_timeout_s"),
+                ("server", "crash_backoff_max_s"),
+            )
+            for v in ("inf", "nan")
+        ),
+        ("[policy]\nmin_dwell_s = -5\n[profiles.baseline]\n", "min_dwell_s: must be >= 0"),
+        ("[policy]\nmargin_frac = -1\n[profiles.baseline]\n", "margin_frac: must be >= 0"),
+        (
+            "[policy]\nrestart_budget_per_hour = -1\n[profiles.baseline]\n",
+            "restart_budget_per_hour: must be >= 0",
+        ),
+        (
+            "[policy]\nboot_carryover = 1.5\n[profiles.baseline]\n",
+            "boot_carryover: must be between 0 and 1",
+        ),
+        ("[server]\nlaunch = []\n[profiles.baseline]\n", "server.launch: "),
+        ("[server]\nlaunch = ['']\n[profiles.baseline]\n", "server.launch: "),
+        ("[api]\nhost = ''\n[profiles.baseline]\n", "api.host: "),
+        ("[server]\nhost = ' '\n[profiles.baseline]\n", "server.host: "),
+        (
+            "[api]\ntoken = 'a'\ntoken_file = '/etc/t'\n[profiles.baseline]\n",
+            "api.token and api.token_file are both set",
         ),
     ],
 )
@@ -191,3 +227,89 @@ def test_api_token_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert settings_from_dict(raw).api_token() == "s3cret"
     monkeypatch.setenv("SPECPILOT_API_TOKEN", "fromenv")
     assert settings_from_dict(raw).api_token() == "fromenv"
+
+
+def test_config_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    p = tmp_path / "binary.toml"
+    p.write_bytes(b"[profiles.baseline]\n# caf\xe9\n")
+    with pytest.raises(ConfigError) as e:
+        load_settings(p)
+    assert str(e.value) == f"{p}: not UTF-8 text (byte 0xe9 at offset 25); TOML must be UTF-8"
+
+
+def test_poll_interval_nan_says_finite_not_greater_than_0() -> None:
+    raw = _base()
+    raw["controller"] = {"poll_interval_s": float("nan")}
+    with pytest.raises(ConfigError) as e:
+        settings_from_dict(raw)
+    assert "poll_interval_s: Input should be a finite number" in str(e.value)
+    assert "greater than" not in str(e.value)
+
+
+def test_policy_range_checks_keep_every_default_and_zero() -> None:
+    """No default is out of range, and 0 (no dwell, no automatic restart, no margin) is fine."""
+    import dataclasses
+
+    from controller.settings import DERIVED_POLICY_KEYS
+    from policies.settings import PolicySettings
+
+    defaults = PolicySettings()
+    raw = _base()
+    raw["policy"] = {
+        f.name: getattr(defaults, f.name)
+        for f in dataclasses.fields(PolicySettings)
+        if f.name not in DERIVED_POLICY_KEYS and f.name != "trial"
+    }
+    assert settings_from_dict(raw).policy == raw["policy"]
+    raw["policy"] = {"min_dwell_s": 0, "restart_budget_per_hour": 0, "margin_frac": 0.0}
+    assert settings_from_dict(raw).policy["restart_budget_per_hour"] == 0
+
+
+def test_command_actuator_may_leave_launch_empty() -> None:
+    raw = _base()
+    raw["server"].update(actuator="command", launch=[], switch_command=["true"])
+    assert settings_from_dict(raw).server.launch == []
+
+
+def _token_settings(path: Path) -> Settings:
+    raw = _base()
+    raw["api"] = {"token_file": str(path)}
+    return settings_from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "no such file"),
+        ("", "its first line is empty"),
+        ("\ns3cret\n", "its first line is empty"),
+        ("   \n", "its first line is empty"),
+        (b"\xff\xfe\n", "not UTF-8 text"),
+        ("dir", "is a directory, not a file"),
+    ],
+)
+def test_bad_token_file_is_a_config_error_naming_key_file_and_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str | bytes | None, problem: str
+) -> None:
+    monkeypatch.delenv("SPECPILOT_API_TOKEN", raising=False)
+    tok = tmp_path / "tok"
+    if content == "dir":
+        tok.mkdir()
+    elif isinstance(content, bytes):
+        tok.write_bytes(content)
+    elif content is not None:
+        tok.write_text(content)
+    with pytest.raises(ConfigError) as e:
+        _token_settings(tok).api_token()
+    msg = str(e.value)
+    assert msg.startswith(f"api.token_file {tok}: ") and problem in msg and "\n" not in msg
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file of mode 000")
+def test_unreadable_token_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPECPILOT_API_TOKEN", raising=False)
+    tok = tmp_path / "tok"
+    tok.write_text("s3cret\n")
+    tok.chmod(0)
+    with pytest.raises(ConfigError, match=r"api\.token_file .*: cannot read it: permission denied"):
+        _token_settings(tok).api_token()

@@ -47,6 +47,9 @@ def test_an_exploration_restarts_the_canarys_share_of_the_fleet() -> None:
         ({"replicas": 2, "max_unavailable_fraction": 0}, "greater than 0"),
         ({"replicas": 2, "canary": {"min_windows": 8, "max_windows": 4}}, "max_windows"),
         ({"replicas": 2, "router": {"polcy": "x"}}, "Extra inputs"),
+        # inf passes every "> 0" bound: a rolling restart that never times out.
+        ({"replicas": 2, "router": {"wait_timeout_s": float("inf")}}, "finite number"),
+        ({"replicas": 2, "canary": {"alpha": float("nan")}}, "finite number"),
     ],
 )
 def test_bad_tables_are_refused(raw: dict[str, object], match: str) -> None:

@@ -1,0 +1,142 @@
+"""The daemon's start-up order (controller.daemon.serve / run_daemon), in this process without a
+server: the API token is resolved and the API socket bound before the controller's start-up
+touches a server, so a daemon that cannot serve (its API address in use, e.g. by a daemon
+already running; a host that is not one; a bad api.token_file) neither adopts, starts nor stops
+a server; and a start-up that fails never stops the server it adopted."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller import daemon as daemon_mod
+from controller.daemon import ApiBindError, build, run_daemon, serve
+from controller.loop import Controller
+from controller.settings import EXIT_CONFIG, ConfigError
+from tests.controller.daemon_support import config, settings, write_config
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port something else (the API of a daemon already running) listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+class Touches:
+    """Records every call that would adopt, start or stop a server."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, startup_error: str | None = None):
+        self.calls: list[str] = []
+        touches = self
+
+        async def startup(ctl: Controller) -> None:
+            touches.calls.append("startup")
+            if startup_error is not None:
+                ctl.running = "baseline"  # adopted the server on the port, then failed
+                raise RuntimeError(startup_error)
+
+        monkeypatch.setattr(Controller, "startup", startup)
+        self.monkeypatch = monkeypatch
+
+    def watch(self, ctl: Controller) -> None:
+        async def shutdown() -> None:
+            self.calls.append("shutdown")
+
+        self.monkeypatch.setattr(ctl.actuator, "shutdown", shutdown)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "not a host"])
+async def test_api_that_cannot_bind_touches_no_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, busy_port: int, host: str
+) -> None:
+    touches = Touches(monkeypatch)
+    d = await build(
+        settings(config(tmp_path, api={"enabled": True, "host": host, "port": busy_port}))
+    )
+    touches.watch(d.controller)
+    with pytest.raises(ApiBindError) as e:
+        await serve(d, install_signals=False)
+    assert touches.calls == []
+    msg = str(e.value)
+    assert f"host={host!r} port={busy_port}" in msg and "\n" not in msg
+    assert ("in use" in msg) if host == "127.0.0.1" else ("cannot resolve the host" in msg)
+
+
+async def test_bad_token_file_touches_no_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SPECPILOT_API_TOKEN", raising=False)
+    (tmp_path / "tok").write_text("")
+    touches = Touches(monkeypatch)
+    raw = config(tmp_path, api={"enabled": True, "token_file": str(tmp_path / "tok")})
+    d = await build(settings(raw))
+    touches.watch(d.controller)
+    with pytest.raises(ConfigError, match=r"api\.token_file .*: its first line is empty"):
+        await serve(d, install_signals=False)
+    assert touches.calls == []
+
+
+async def test_failed_startup_never_stops_the_server_it_adopted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    touches = Touches(monkeypatch, startup_error="boom after adopting")
+    d = await build(settings(config(tmp_path, api={"enabled": True, "port": 0})))
+    assert d.settings.server.owns_server
+    touches.watch(d.controller)
+    with pytest.raises(RuntimeError, match="boom after adopting"):
+        await serve(d, install_signals=False)
+    assert touches.calls == ["startup"]  # no shutdown: the server was never this daemon's
+
+
+def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **api: Any) -> tuple[int, Touches]:
+    monkeypatch.setattr(daemon_mod, "setup_logging", lambda level: None)  # pytest's handlers
+    monkeypatch.delenv("SPECPILOT_API_TOKEN", raising=False)
+    touches = Touches(monkeypatch)
+    cfg = write_config(tmp_path / "config.toml", config(tmp_path, api={"enabled": True, **api}))
+    return run_daemon(cfg), touches
+
+
+def test_run_with_api_address_in_use_exits_1_with_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    busy_port: int,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    rc, touches = _run(tmp_path, monkeypatch, port=busy_port)
+    assert rc == 1 and touches.calls == []
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is None
+    assert "Address already in use" in errors[0].getMessage()
+    assert "\n" not in errors[0].getMessage()
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [(None, "no such file"), ("", "its first line is empty"), ("dir", "is a directory")],
+)
+def test_run_with_bad_token_file_exits_78_naming_file_key_and_problem(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    content: str | None,
+    problem: str,
+) -> None:
+    tok = tmp_path / "token"
+    if content == "dir":
+        tok.mkdir()
+    elif content is not None:
+        tok.write_text(content)
+    rc, touches = _run(tmp_path, monkeypatch, port=0, token_file=str(tok))
+    assert rc == EXIT_CONFIG and touches.calls == []
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"specpilot: {tmp_path / 'config.toml'}: api.token_file {tok}: ")
+    assert problem in err and "\n" not in err and "Traceback" not in err
