@@ -2,7 +2,8 @@
 
 Owns the HTTP surface: read endpoints (status, estimates, decisions, switches, findings,
 profiles, healthz), write endpoints behind a bearer token (pin, pause, mode, trial abort, one-off
-switch, clearing a block), request/response models with field-level 422s, and the mapping of
+switch, clearing a block), request/response models with field-level 422s (strict numbers; unknown
+query parameters of a GET that takes some are 422 too, never silently ignored), and the mapping of
 controller errors to 404/409 (store errors to 503). Must not decide or act itself: it calls
 Controller operations.
 
@@ -27,6 +28,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -76,8 +78,10 @@ class _Body(BaseModel):
 
 class PinBody(_Body):
     profile: ProfileName
+    # strict: a JSON number (integers included), never `true` or "60" coerced into one.
     ttl_s: float | None = Field(
         None,
+        strict=True,
         gt=0,
         le=MAX_TTL_S,
         allow_inf_nan=False,
@@ -88,6 +92,7 @@ class PinBody(_Body):
 
 class PauseBody(_Body):
     ttl_s: float = Field(
+        strict=True,
         gt=0,
         le=MAX_TTL_S,
         allow_inf_nan=False,
@@ -121,6 +126,64 @@ def _json_safe(v: Any) -> Any:
     if isinstance(v, list | tuple):
         return [_json_safe(x) for x in v]
     return v
+
+
+def _query_names(route: APIRoute) -> list[str]:
+    """The query parameters a route declares, its dependencies' included, in order."""
+    names: list[str] = []
+    todo = [route.dependant]
+    while todo:
+        dep = todo.pop(0)
+        names += [f.alias for f in dep.query_params if f.alias not in names]
+        todo += dep.dependencies
+    return names
+
+
+def known_query_only(request: Request) -> None:
+    """App-wide dependency: a GET that takes query parameters answers 422 for one it does not
+    know (`?since=` for `since_s` would otherwise return every row), naming it and listing the
+    accepted ones. GETs without parameters (status page, /metrics, /healthz) ignore a query
+    string, as cache-busters and probes send them; writes are left as they are."""
+    route = request.scope.get("route")
+    if request.method != "GET" or not isinstance(route, APIRoute):
+        return
+    accepted = _query_names(route)
+    if not accepted:
+        return
+    unknown = [k for k in dict.fromkeys(request.query_params.keys()) if k not in accepted]
+    if unknown:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "extra_forbidden",
+                    "loc": ("query", k),
+                    "msg": f"unknown query parameter {k!r}; accepted: {', '.join(accepted)}",
+                    "input": request.query_params.get(k),
+                }
+                for k in unknown
+            ]
+        )
+
+
+def _actor_header(request: Request) -> str | None:
+    """X-Specpilot-Actor as UTF-8 text (HTTP headers arrive decoded as latin-1: re-encoding
+    gives the raw bytes back); 422 when the bytes are not UTF-8."""
+    raw = request.headers.get("x-specpilot-actor")
+    if raw is None:
+        return None
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "string_unicode",
+                    "loc": ("header", "x-specpilot-actor"),
+                    "msg": "must be valid UTF-8 text",
+                    "input": raw,
+                }
+            ]
+        ) from None
 
 
 class _Reads:
@@ -161,6 +224,7 @@ def create_app(controller: Controller, token: str) -> FastAPI:
         "Write endpoints need `Authorization: Bearer <token>` (401 without, 403 with a wrong "
         "one or when no token is configured).",
         lifespan=lifespan,
+        dependencies=[Depends(known_query_only)],
     )
     app.state.reads = reads
 
@@ -193,9 +257,7 @@ def create_app(controller: Controller, token: str) -> FastAPI:
             raise HTTPException(403, "no API token is configured: write endpoints are disabled")
         if not hmac.compare_digest(creds.credentials.encode(), token.encode()):
             raise HTTPException(403, "wrong token")
-        who = request.headers.get("x-specpilot-actor") or (
-            request.client.host if request.client else "api"
-        )
+        who = _actor_header(request) or (request.client.host if request.client else "api")
         return who[:MAX_ACTOR]
 
     Actor = Annotated[str, Depends(actor)]
@@ -333,7 +395,8 @@ def create_app(controller: Controller, token: str) -> FastAPI:
     @app.post("/v1/switch", status_code=202, tags=["write"])
     async def post_switch(body: SwitchBody, who: Actor) -> dict[str, Any]:
         """A one-off switch (still a trial, rolled back if it underdelivers); 409 while a
-        switch is in flight. Advisory mode records it and does not act."""
+        switch is in flight, while a trial runs, or when the profile already runs. Advisory
+        mode records it and does not act."""
         guard(lambda: controller.start_manual_switch(body.profile, body.reason, who))
         return {"accepted": True, "profile": body.profile, "mode": controller.mode.value}
 

@@ -968,10 +968,21 @@ class Controller:
         return True
 
     def start_manual_switch(self, profile: str, reason: str, actor: str) -> None:
-        """A one-off switch asked by an operator; runs as a task (still a trial)."""
+        """A one-off switch asked by an operator; runs as a task (still a trial). Refused
+        (ConflictError) while a switch is in flight, while a trial runs (its verdict or an abort
+        ends it first: a switch under it would leave it unjudged) and into the profile that
+        already runs (a restart for nothing)."""
         self._check_profile(profile)
         if self.funnel.busy or (self._manual is not None and not self._manual.done()):
             raise ConflictError("a switch is in flight")
+        trial = self.state.trial if self.state is not None else None
+        if trial is not None:
+            raise ConflictError(
+                f"a trial of {trial['profile']} is running: wait for its verdict or "
+                "POST /v1/trial/abort first"
+            )
+        if profile == self.running:
+            raise ConflictError(f"{profile} is already running")
         now = self.clock.now()
         d = Decision(
             now, Action.SWITCH, profile, Reason.SWITCH_MANUAL, {"actor": actor, "why": reason}

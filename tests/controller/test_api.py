@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.api import create_app
+from policies.types import Action, Decision, Reason
 from tests.controller.ops_support import TOKEN, Rig, make_rig, make_settings, tick_until_trial
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -103,6 +104,33 @@ async def test_bad_query_parameters_are_422(api: httpx.AsyncClient) -> None:
 
 
 @pytest.mark.parametrize(
+    ("path", "accepted"),
+    [
+        ("/v1/estimates", "since_s, profile, limit"),
+        ("/v1/decisions", "since_s, limit"),
+        ("/v1/switches", "since_s, limit"),
+        ("/v1/findings", "since_s, kind, limit"),
+    ],
+)
+async def test_unknown_query_parameters_are_422(
+    rig: Rig, api: httpx.AsyncClient, path: str, accepted: str
+) -> None:
+    await rig.ticks(3)
+    # `since` for `since_s` used to answer 200 with every row.
+    r = await api.get(path, params={"since": "garbage", "limit": 5})
+    assert r.status_code == 422, r.text
+    [err] = r.json()["detail"]
+    assert err["loc"] == ["query", "since"]
+    assert err["msg"] == f"unknown query parameter 'since'; accepted: {accepted}"
+    assert err["input"] == "garbage"
+    r = await api.get(path, params={"since_s": rig.clock.now() - 25, "limit": 5})
+    assert r.status_code == 200, r.text
+    # GETs that take no parameters still ignore a query string (cache-busters, probes).
+    for bare in ("/v1/status", "/healthz", "/metrics", "/v1/profiles", "/"):
+        assert (await api.get(bare, params={"_": "1"})).status_code == 200, bare
+
+
+@pytest.mark.parametrize(
     ("method", "path", "body"),
     [
         ("PUT", "/v1/pin", {"profile": "eagle3-2step", "ttl_s": 60}),
@@ -149,8 +177,13 @@ async def test_auth(rig: Rig, method: str, path: str, body: Any) -> None:
         ("PUT", "/v1/pin", {"profile": "baseline", "colour": "red"}, "colour"),
         ("PUT", "/v1/pin", {"profile": "baseline", "reason": "x" * 501}, "reason"),
         ("PUT", "/v1/pin", {"profile": "baseline", "ttl_s": 1e12}, "ttl_s"),
+        # Strict numbers: a bool or a numeric string is not a ttl (true was a 1-second pin).
+        ("PUT", "/v1/pin", {"profile": "baseline", "ttl_s": True}, "ttl_s"),
+        ("PUT", "/v1/pin", {"profile": "baseline", "ttl_s": "60"}, "ttl_s"),
         ("PUT", "/v1/pause", {}, "ttl_s"),
         ("PUT", "/v1/pause", {"ttl_s": 0}, "ttl_s"),
+        ("PUT", "/v1/pause", {"ttl_s": True}, "ttl_s"),
+        ("PUT", "/v1/pause", {"ttl_s": "60"}, "ttl_s"),
         ("PUT", "/v1/mode", {"mode": "aggressive"}, "mode"),
         ("PUT", "/v1/mode", {}, "mode"),
         ("POST", "/v1/switch", {"profile": 5}, "profile"),
@@ -166,7 +199,33 @@ async def test_bad_bodies_are_422_naming_the_field(
     locs = [e["loc"] for e in r.json()["detail"]]
     assert any(loc[-1] == field for loc in locs), locs
     assert rig.controller.overrides.pin_profile is None
+    assert rig.controller.overrides.paused_until_s is None
     assert rig.controller.mode.value == "active"
+
+
+async def test_ttl_takes_json_integers_and_floats(rig: Rig, api: httpx.AsyncClient) -> None:
+    for ttl in (60, 60.5):
+        r = await api.put("/v1/pause", json={"ttl_s": ttl}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["pause"] == {"until_s": rig.clock.now() + ttl}
+        r = await api.put("/v1/pin", json={"profile": "baseline", "ttl_s": ttl}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["pin"]["until_s"] == rig.clock.now() + ttl
+
+
+async def test_actor_header_is_utf8(rig: Rig, api: httpx.AsyncClient) -> None:
+    for sent, stored in (
+        ("José Müller 山田".encode(), "José Müller 山田"),
+        ("é".encode() * 150, "é" * 100),  # the 100-character limit counts characters
+    ):
+        r = await api.delete("/v1/pause", headers={**AUTH, "x-specpilot-actor": sent})
+        assert r.status_code == 200, r.text
+        assert rig.store.overrides_history()[0]["actor"] == stored
+    before = rig.store.counts()["overrides"]
+    r = await api.delete("/v1/pause", headers={**AUTH, "x-specpilot-actor": b"caf\xe9"})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["header", "x-specpilot-actor"]
+    assert rig.store.counts()["overrides"] == before
 
 
 async def test_nan_and_lone_surrogates_are_422(rig: Rig, api: httpx.AsyncClient) -> None:
@@ -295,16 +354,55 @@ async def test_switch_in_flight_is_409(rig: Rig, api: httpx.AsyncClient) -> None
     assert rig.store.overrides_history()[0]["reason"] == "try it"
 
 
+async def test_switch_to_the_running_profile_is_409(rig: Rig, api: httpx.AsyncClient) -> None:
+    await rig.ticks(3)
+    for mode in ("active", "advisory"):
+        await api.put("/v1/mode", json={"mode": mode}, headers=AUTH)
+        before = rig.store.counts()["overrides"]
+        r = await api.post("/v1/switch", json={"profile": "baseline"}, headers=AUTH)
+        assert r.status_code == 409, r.text
+        assert r.json()["detail"] == "baseline is already running"
+        assert rig.store.counts()["overrides"] == before  # not recorded as a switch either
+    assert rig.controller._manual is None
+    await rig.ticks(2)
+    assert rig.actuator.calls == [("start", "baseline")]  # no drain, stop, restart
+
+
+async def test_switch_during_a_trial_is_409(rig: Rig, api: httpx.AsyncClient) -> None:
+    trial = await tick_until_trial(rig)
+    for profile in ("eagle3-5step", trial["from"], trial["profile"]):
+        r = await api.post("/v1/switch", json={"profile": profile}, headers=AUTH)
+        assert r.status_code == 409, r.text
+        assert r.json()["detail"] == (
+            f"a trial of {trial['profile']} is running: wait for its verdict or "
+            "POST /v1/trial/abort first"
+        )
+    assert rig.controller._manual is None
+    assert rig.controller.state is not None and rig.controller.state.trial is not None
+    # Unknown profiles are still 404, not 409.
+    r = await api.post("/v1/switch", json={"profile": "eagle9-step"}, headers=AUTH)
+    assert r.status_code == 404
+
+
 async def test_trial_abort_while_switching_is_409(rig: Rig, api: httpx.AsyncClient) -> None:
     trial = await tick_until_trial(rig)
     rig.actuator.hold = asyncio.Event()
-    r = await api.post("/v1/switch", json={"profile": trial["from"]}, headers=AUTH)
-    assert r.status_code == 202
+    # A switch the controller itself runs while the trial is on (a rollback the policy decided):
+    # the API must answer 409 while it is in flight.
+    d = Decision(rig.clock.now(), Action.SWITCH, trial["from"], Reason.ROLLBACK_TRIAL_FAILED, {})
+    rig.controller._manual = asyncio.create_task(rig.controller._manual_switch(d))
     for _ in range(5):
         await asyncio.sleep(0)
+    assert rig.controller.funnel.busy
+    assert rig.controller.state is not None and rig.controller.state.trial is not None
     r = await api.post("/v1/trial/abort", headers=AUTH)
     assert r.status_code == 409
     assert "in flight" in r.json()["detail"]
+    # In flight beats both "a trial is running" and "already running".
+    for profile in ("eagle3-5step", trial["from"], trial["profile"]):
+        r = await api.post("/v1/switch", json={"profile": profile}, headers=AUTH)
+        assert r.status_code == 409
+        assert r.json()["detail"] == "a switch is in flight"
     rig.actuator.hold.set()
     assert rig.controller._manual is not None
     await rig.controller._manual
