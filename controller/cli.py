@@ -17,12 +17,14 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -38,7 +40,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 ApiOpt = Annotated[
     str | None,
@@ -78,8 +80,55 @@ UntilOpt = Annotated[
 
 
 def _fail(msg: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]specpilot:[/red] {msg}")
+    err.print(f"[red]specpilot:[/red] {escape(msg)}")
     return typer.Exit(code)
+
+
+def finite_float(
+    *, gt: float | None = None, ge: float | None = None, le: float | None = None
+) -> Callable[[str | float], float]:
+    """An option parser (`typer.Option(parser=finite_float(gt=0))`): a finite number within the
+    bounds, else typer.BadParameter, which typer reports as one "Invalid value for '--opt'"
+    error with exit status 2 (nan and inf are refused: they would reach JSON bodies and
+    divisions)."""
+    bounds = [f"> {gt:g}" if gt is not None else "", f">= {ge:g}" if ge is not None else ""]
+    bounds.append(f"<= {le:g}" if le is not None else "")
+    want = " and ".join(b for b in bounds if b)
+    what = f"{want} and finite" if want else "finite"
+
+    def parse(value: str | float) -> float:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise typer.BadParameter(f"{value!r} is not a number") from None
+        if (
+            not math.isfinite(v)
+            or (gt is not None and not v > gt)
+            or (ge is not None and not v >= ge)
+            or (le is not None and not v <= le)
+        ):
+            raise typer.BadParameter(f"must be {what} (got {value})")
+        return v
+
+    return parse
+
+
+def _api_detail(payload: Any, text: str) -> str:
+    """The error of an API answer, readably: FastAPI's 422 list as `field: message; ...`."""
+    detail = payload.get("detail") if isinstance(payload, dict) else None
+    if detail is None:
+        return text[:500]
+    if isinstance(detail, list):
+        parts = []
+        for e in detail:
+            if not isinstance(e, dict):
+                parts.append(str(e))
+                continue
+            loc = [str(x) for x in e.get("loc") or () if x not in ("body", "query", "header")]
+            field = ".".join(loc) or "request"
+            parts.append(f"{field}: {e.get('msg', e)}")
+        return "; ".join(parts)
+    return str(detail)
 
 
 def _api_base(api: str | None, config: Path | None) -> tuple[str, str]:
@@ -90,7 +139,10 @@ def _api_base(api: str | None, config: Path | None) -> tuple[str, str]:
             s = load_settings(config)
         except ConfigError as e:
             raise _fail(str(e), EXIT_CONFIG) from None
-        token = s.api_token()
+        try:
+            token = s.api_token()
+        except ConfigError as e:
+            raise _fail(f"{config}: {e}", EXIT_CONFIG) from None
         if api is None:
             api = f"http://{s.api.host}:{s.api.port}"
     return (api or os.environ.get("SPECPILOT_API") or "http://127.0.0.1:8471").rstrip("/"), token
@@ -105,8 +157,10 @@ def _call(
     body: dict[str, Any] | None = None,
     params: dict[str, Any] | None = None,
 ) -> Any:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    headers["x-specpilot-actor"] = f"cli:{os.environ.get('USER', 'unknown')}"
+    headers: dict[str, str | bytes] = {"Authorization": f"Bearer {token}"} if token else {}
+    # UTF-8 bytes: httpx encodes a str header as ASCII (a user named José would crash it), and
+    # the API decodes the header as UTF-8.
+    headers["x-specpilot-actor"] = f"cli:{os.environ.get('USER', 'unknown')}".encode()
     try:
         r = httpx.request(method, api + path, json=body, params=params, headers=headers, timeout=10)
     except httpx.HTTPError as e:
@@ -119,7 +173,7 @@ def _call(
     except ValueError:
         payload = None
     if r.status_code >= 400:
-        detail = payload.get("detail") if isinstance(payload, dict) else r.text[:500]
+        detail = _api_detail(payload, r.text)
         hint = {
             401: " (no token: pass --token, set SPECPILOT_API_TOKEN or give --config)",
             403: " (the daemon refused the token)",
@@ -167,25 +221,35 @@ def run(
 @app.command()
 def demo(
     duration_s: Annotated[
-        float, typer.Option("--duration-s", help="Real seconds the demo runs (default 180).")
+        float,
+        typer.Option(
+            "--duration-s",
+            parser=finite_float(gt=0),
+            metavar="<float>",
+            help="Real seconds the demo runs (default 180).",
+        ),
     ] = 180.0,
     speed: Annotated[
         float,
         typer.Option(
             "--speed",
+            parser=finite_float(gt=0),
+            metavar="<float>",
             help="Simulated seconds per real second (50: 3 real minutes = 2.5 simulated hours; "
             "much faster and one CPU cannot drive 48 simulated streams).",
         ),
     ] = 50.0,
-    port: Annotated[int, typer.Option(help="Simulator port (0: a free one).")] = 0,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Simulator port (0: a free one).")
+    ] = 0,
     db: Annotated[Path | None, typer.Option(help="SQLite file (default: a temporary one).")] = None,
-    fleet: Annotated[int, typer.Option(help="Fleet mode with N replicas (0: one server).")] = 0,
+    fleet: Annotated[
+        int, typer.Option(min=0, help="Fleet mode with N replicas (0: one server).")
+    ] = 0,
 ) -> None:
     """Start the simulator, load and controller in accelerated time and show the loop live."""
     from controller.demo import run_demo
 
-    if fleet < 0:
-        raise _fail("--fleet takes the number of replicas (0: one server)", 2)
     if fleet:
         from controller.fleet.demo import run_fleet_demo
 
@@ -255,7 +319,12 @@ def _operate(
 @app.command()
 def pin(
     profile: str,
-    ttl_s: Annotated[float | None, typer.Option("--ttl-s", help="Expiry in seconds.")] = None,
+    ttl_s: Annotated[
+        float | None,
+        typer.Option(
+            "--ttl-s", parser=finite_float(gt=0), metavar="<float>", help="Expiry in seconds."
+        ),
+    ] = None,
     reason: ReasonOpt = "",
     api: ApiOpt = None,
     config: ConfigOpt = None,
@@ -276,7 +345,12 @@ def unpin(
 
 @app.command()
 def pause(
-    ttl_s: Annotated[float, typer.Option("--ttl-s", help="Seconds to pause.")] = 3600.0,
+    ttl_s: Annotated[
+        float,
+        typer.Option(
+            "--ttl-s", parser=finite_float(gt=0), metavar="<float>", help="Seconds to pause."
+        ),
+    ] = 3600.0,
     reason: ReasonOpt = "",
     api: ApiOpt = None,
     config: ConfigOpt = None,
@@ -315,22 +389,34 @@ _DURATIONS = re.compile(r"(?:\d+(?:\.\d+)?[wdhms])+", re.IGNORECASE)
 _UNIT_S = {"w": 7 * 86400.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 
 
+# The times a history can be asked about: what a datetime can show (years 1-9999 UTC).
+_MIN_TIME_S = dt.datetime(1, 1, 1, tzinfo=dt.UTC).timestamp()
+_MAX_TIME_S = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp()
+
+
+def _in_range(text: str, v: float) -> float:
+    if not _MIN_TIME_S <= v <= _MAX_TIME_S:
+        raise ValueError(f"{text!r} is out of range: a time must fall in the years 1-9999 (UTC)")
+    return v
+
+
 def parse_time(text: str, now_s: float) -> float:
-    """'2h' / '1h30m' / '7d' (back from now), 'now', epoch seconds or an ISO time -> epoch s."""
+    """'2h' / '1h30m' / '7d' (back from now), 'now', epoch seconds or an ISO time -> epoch s.
+    ValueError for anything else, or a time outside the years 1-9999."""
     t = text.strip()
     if t.lower() == "now":
         return now_s
     compact = t.replace(" ", "")
     if compact and _DURATIONS.fullmatch(compact):
         total = sum(float(n) * _UNIT_S[u.lower()] for n, u in _DURATION.findall(compact))
-        return now_s - total
+        return _in_range(text, now_s - total)
     try:
         v = float(t)
     except ValueError:
         pass
     else:
         if math.isfinite(v):
-            return v
+            return _in_range(text, v)
     try:
         d = dt.datetime.fromisoformat(t)
     except ValueError:
@@ -636,17 +722,39 @@ def report(
 
 
 # --------------------------------------------------------------------------------- offline
+# The deepest step `breakeven --table` prices: controller.hybrid_table.DEFAULT_STEPS, the range
+# SGLang's default adaptive table spans (not imported here: it pulls in the simulator).
+TABLE_MAX_STEP = 7
+
+
 @app.command()
 def breakeven(
     baseline_tok_s: Annotated[
-        float | None, typer.Option("--baseline-tok-s", help="Baseline (no speculation) tok/s.")
+        float | None,
+        typer.Option(
+            "--baseline-tok-s",
+            parser=finite_float(gt=0),
+            metavar="<float>",
+            help="Baseline (no speculation) tok/s.",
+        ),
     ] = None,
     cycle_ms: Annotated[
-        float | None, typer.Option("--cycle-ms", help="Speculative cycle time, ms.")
+        float | None,
+        typer.Option(
+            "--cycle-ms",
+            parser=finite_float(gt=0),
+            metavar="<float>",
+            help="Speculative cycle time, ms.",
+        ),
     ] = None,
     target: Annotated[
         list[float] | None,
-        typer.Option("--target-tok-s", help="Targets to price (default 100 and 120)."),
+        typer.Option(
+            "--target-tok-s",
+            parser=finite_float(gt=0),
+            metavar="<float>",
+            help="Targets to price (default 100 and 120).",
+        ),
     ] = None,
     table: Annotated[
         bool,
@@ -669,10 +777,15 @@ def breakeven(
     ] = "default",
     candidate_steps: Annotated[
         list[int] | None,
-        typer.Option("--candidate-step", help="With --table: allowed steps (default 0-7)."),
+        typer.Option(
+            "--candidate-step",
+            min=0,
+            max=TABLE_MAX_STEP,
+            help=f"With --table: allowed steps, 0-{TABLE_MAX_STEP} (default all).",
+        ),
     ] = None,
     max_running_requests: Annotated[
-        int, typer.Option(help="With --table: the server's max running requests.")
+        int, typer.Option(min=1, help="With --table: the server's max running requests.")
     ] = 64,
     as_json: Annotated[bool, typer.Option("--json", help="With --table: print JSON.")] = False,
 ) -> None:
@@ -696,8 +809,6 @@ def breakeven(
         return
     if baseline_tok_s is None or cycle_ms is None:
         raise _fail("give --baseline-tok-s and --cycle-ms (or --table)", 2)
-    if baseline_tok_s <= 0 or cycle_ms <= 0:
-        raise _fail("--baseline-tok-s and --cycle-ms must be > 0", 2)
     cycle_s = cycle_ms / 1000.0
     be = breakeven_accept_length(baseline_tok_s, cycle_s)
     console.print(
@@ -714,36 +825,93 @@ def scrape(
         str | None, typer.Option(help="SGLang base URL, e.g. http://127.0.0.1:30000")
     ] = None,
     file: Annotated[Path | None, typer.Option(help="A recorded /metrics exposition.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = True,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json/--no-json", help="Print JSON (default), or a table for people (--no-json)."
+        ),
+    ] = True,
     profile: Annotated[str, typer.Option(help="Profile name to tag the snapshot with.")] = "?",
 ) -> None:
-    """Parse one exposition (live or recorded) and print what specpilot reads from it."""
-    from controller.observe import ObserveError, parse_exposition, snapshot_to_json
-    from controller.observe import scrape as do_scrape
+    """Parse one exposition (live or recorded) and print what specpilot reads from it.
+
+    Exits 1 when it holds no SGLang series specpilot reads (an empty file, another service's
+    /metrics); warns on stderr about impossible data (duplicate series, negative values, accept
+    lengths or rates out of range). Series a server does not export (0.4.x) print as null."""
+    from controller.observe import (
+        ObserveError,
+        exposition_warnings,
+        fetch_exposition,
+        has_sglang_samples,
+        merge_loads,
+        parse_exposition,
+        snapshot_to_json,
+    )
 
     if (url is None) == (file is None):
         raise _fail("give exactly one of --url or --file", 2)
+    loads = None
+    if file is not None:
+        source = str(file)
+        try:
+            raw = file.read_bytes()
+        except OSError as e:
+            raise _fail(f"{file}: {e.strerror or e}", 2) from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _fail(
+                f"{file}: not UTF-8 text, so not a Prometheus exposition "
+                f"(byte {e.start}: {e.reason})"
+            ) from None
+    else:
+        assert url is not None
+        base = url.rstrip("/")
+        source = base + "/metrics"
+
+        async def fetch() -> Any:
+            async with httpx.AsyncClient(timeout=10) as client:
+                return await fetch_exposition(client, base)
+
+        try:
+            text, loads = asyncio.run(fetch())
+        except ObserveError as e:
+            raise _fail(f"cannot read the exposition: {e}") from None
     try:
-        if file is not None:
-            try:
-                text = file.read_text()
-            except OSError as e:
-                raise _fail(f"{file}: {e}", 2) from None
-            snap = parse_exposition(text, profile=profile, t_s=0.0)
-        else:
-
-            async def once() -> Any:
-                async with httpx.AsyncClient(timeout=10) as client:
-                    return await do_scrape(client, url.rstrip("/"), profile=profile, t_s=0.0)
-
-            snap = asyncio.run(once())
+        snap = merge_loads(parse_exposition(text, profile=profile, t_s=0.0), loads)
     except ObserveError as e:
-        raise _fail(f"cannot read the exposition: {e}") from None
+        raise _fail(f"cannot read the exposition in {source}: {e}") from None
+    if not has_sglang_samples(text):
+        what = "is empty" if not text.strip() else "holds no series specpilot reads"
+        hint = (
+            "is it a capture of an SGLang server's /metrics?"
+            if file is not None
+            else "is it an SGLang server, started with --enable-metrics?"
+        )
+        raise _fail(f"no SGLang metrics found in {source}: it {what} ({hint})")
+    for w in exposition_warnings(text):
+        err.print(f"[yellow]specpilot scrape: warning:[/yellow] {escape(source)}: {escape(w)}")
     out = snapshot_to_json(snap)
     if as_json:
         sys.stdout.write(json.dumps(out, indent=2, sort_keys=True) + "\n")
-    else:
-        console.print(out)
+        return
+    t = Table("series", "value", box=None, pad_edge=False)
+    for key, v in out.items():
+        t.add_row(key, Text(_scrape_value(v)))
+    console.print(t)
+
+
+def _scrape_value(v: Any) -> str:
+    """One value of `scrape --no-json`: null as "-", per-workload maps as `name=value` pairs."""
+    if v is None:
+        return "-"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_scrape_value(x)}" for k, x in v.items()) or "(none)"
+    if isinstance(v, list):
+        return " ".join(_scrape_value(x) for x in v)
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
 
 
 # --------------------------------------------------------------------------------- benchmarks
@@ -765,10 +933,20 @@ def _register_benchmarks() -> None:
     )(bench_estimators_cmd)
 
 
+# sim-calibrate simulates one stream step by step (the default 600 s: ~10 s of CPU): a simulated
+# day per profile and config is already ~20 minutes; more is a hang, not a calibration.
+CALIBRATE_MAX_S = 86400.0
+
+
 @app.command("sim-calibrate")
 def sim_calibrate(
     seconds: Annotated[
-        float, typer.Option(help="Simulated seconds per profile and config.")
+        float,
+        typer.Option(
+            parser=finite_float(gt=0, le=CALIBRATE_MAX_S),
+            metavar="<float>",
+            help=f"Simulated seconds per profile and config (at most {CALIBRATE_MAX_S:g}).",
+        ),
     ] = 600.0,
     seed: int = 0,
 ) -> None:

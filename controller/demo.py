@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import socket
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from controller.actuators.endpoint import free_port
@@ -27,7 +30,7 @@ from controller.demo_server import SIM_PROFILE, demo_profiles, sim_common_flags
 from controller.loop import Controller
 from controller.settings import Settings, settings_from_dict
 from simulator.load import LoadGenerator
-from store import Reader
+from store import Reader, StoreError
 
 
 @dataclass(frozen=True)
@@ -217,10 +220,49 @@ def _summary(console: Console, daemon: Any, trace: DemoTrace, load: LoadGenerato
         )
 
 
+def argument_problem(*, duration_s: float, speed: float, port: int, db: Path | None) -> str | None:
+    """What is wrong with the demo's arguments, in one line, or None: checked before anything
+    starts, so a bad one is a message, not a traceback from deep inside the daemon."""
+    if not (math.isfinite(duration_s) and duration_s > 0):
+        return f"--duration-s must be > 0 and finite (got {duration_s})"
+    if not (math.isfinite(speed) and speed > 0):
+        return f"--speed must be > 0 and finite (got {speed})"
+    if not 0 <= port <= 65535:
+        return f"--port must be 0 (a free one) or a port in 1-65535 (got {port})"
+    if port:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError as e:
+                return (
+                    f"--port {port}: cannot listen on 127.0.0.1:{port} ({e.strerror or e}); "
+                    "pick a free port or 0"
+                )
+    if db is not None:
+        if db.is_dir():
+            return f"--db {db} is a directory, not a database file"
+        parent = db.parent
+        if parent.exists() and not parent.is_dir():
+            return f"--db {db}: {parent} is not a directory"
+        if not parent.is_dir():
+            return f"--db {db}: directory {parent} does not exist"
+        try:
+            with tempfile.TemporaryFile(dir=parent, prefix=".specpilot-probe-"):
+                pass
+        except OSError as e:
+            return f"--db {db}: cannot write in {parent} ({e.strerror or e})"
+    return None
+
+
 def run_demo(*, duration_s: float, speed: float, port: int, db: Path | None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
-    if duration_s <= 0 or speed <= 0:
-        console.print("[red]--duration-s and --speed must be > 0[/red]")
+    problem = argument_problem(duration_s=duration_s, speed=speed, port=port, db=db)
+    if problem is not None:
+        Console(stderr=True, soft_wrap=True).print(f"[red]specpilot demo:[/red] {escape(problem)}")
         return 2
-    return asyncio.run(_demo(duration_s, speed, port, db, console))
+    try:
+        return asyncio.run(_demo(duration_s, speed, port, db, console))
+    except StoreError as e:  # the database cannot be opened or written (checked above)
+        Console(stderr=True, soft_wrap=True).print(f"[red]specpilot demo:[/red] {escape(str(e))}")
+        return 1

@@ -43,9 +43,11 @@ import httpx
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from controller.bench.counters import ServerCounters
+from controller.bench.outputs import check_output_file
 from controller.bench.peers import user_settings
 from controller.observe import bench_fetch_parse, bench_parse, parse_exposition
 from controller.observe_fixtures import synth_large_exposition
@@ -802,6 +804,13 @@ def bench_estimators_cmd(
     """Measure the estimators against the simulator's ground truth: cycle time, an unseen
     profile, truncation, change detection, false alarms and the observe pipeline's cost."""
     console = Console(width=None if Console().is_terminal else 120)
+    if json_out is not None:
+        problem = check_output_file(json_out, "--json")
+        if problem is not None:  # before minutes of simulation, not after
+            Console(stderr=True, soft_wrap=True).print(
+                f"[red]specpilot bench-estimators:[/red] {escape(problem)}"
+            )
+            raise typer.Exit(2)
     with console.status("simulating"):
         result = bench_estimators(json_out, seed, quick, routing=not no_moe_routing)
     ok = print_report(result, console)

@@ -49,7 +49,10 @@ __all__ = [
     "ObserveError",
     "bench_fetch_parse",
     "bench_parse",
+    "exposition_warnings",
+    "fetch_exposition",
     "filter_exposition",
+    "has_sglang_samples",
     "parse_exposition",
     "parse_loads",
     "scrape",
@@ -493,6 +496,16 @@ async def scrape(
 
     Raises ObserveError when /metrics cannot be fetched or parsed; /v1/loads is optional.
     """
+    text, loads = await fetch_exposition(client, base_url)
+    snap = parse_exposition(text, profile=profile, t_s=t_s, workload_label=workload_label)
+    return merge_loads(snap, loads)
+
+
+async def fetch_exposition(
+    client: httpx.AsyncClient, base_url: str
+) -> tuple[str, LoadsSummary | None]:
+    """The raw /metrics text and the parsed /v1/loads (None when unusable): what `scrape`
+    parses, and what `specpilot scrape` also checks as text. ObserveError as `scrape`."""
     # Both requests finish (or fail) before we return: no request outlives the tick.
     text, loads = await asyncio.gather(
         _get_metrics_text(client, base_url), _get_loads(client, base_url), return_exceptions=True
@@ -504,8 +517,75 @@ async def scrape(
     if isinstance(loads, BaseException):
         log.debug("/v1/loads unusable (%s); moments missing", loads)
         loads = None
-    snap = parse_exposition(text, profile=profile, t_s=t_s, workload_label=workload_label)
-    return merge_loads(snap, loads)
+    return text, loads
+
+
+# --- checks for `specpilot scrape` (reporting only: the daemon's parsing does not use them) ---
+
+# An accept length (drafts + bonus per verify step) above this is absurd whatever the chain:
+# no speculative configuration drafts hundreds of tokens per step.
+MAX_PLAUSIBLE_ACCEPT_LENGTH = 256.0
+
+
+def has_sglang_samples(text: str) -> bool:
+    """Whether the exposition holds at least one sample of a series specpilot reads (an empty
+    body, or another service's /metrics, holds none)."""
+    return any(not ln.startswith("#") for ln in filter_exposition(text).splitlines())
+
+
+def exposition_warnings(text: str) -> list[str]:
+    """Impossible data among the samples specpilot reads, one line each: the same series twice
+    with identical labels (the daemon sums or averages them), negative counters or gauges, an
+    accept rate outside [0, 1], an accept length below 1 (but not the 0 of an idle server),
+    above the series' spec_num_steps + 1, or absurdly large. Pure: parses `text`, logs nothing.
+    A malformed exposition gives no warnings (parse_exposition reports it)."""
+    try:
+        samples = [
+            s
+            for fam in text_string_to_metric_families(filter_exposition(text))
+            for s in fam.samples
+        ]
+    except Exception:  # the parser's errors: parse_exposition raises ObserveError for them
+        return []
+
+    def series(name: str, labels: Mapping[str, str]) -> str:
+        inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        return f"{name}{{{inner}}}" if inner else name
+
+    out: list[str] = []
+    seen: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+    steps: dict[tuple[tuple[str, str], ...], float] = {}
+    for smp in samples:
+        key = (smp.name, tuple(sorted(smp.labels.items())))
+        seen[key] = seen.get(key, 0) + 1
+        if smp.name == sg.SPEC_NUM_STEPS and math.isfinite(smp.value):
+            steps[key[1]] = float(smp.value)
+    for (name, labels), n in seen.items():
+        if n > 1:
+            out.append(
+                f"{series(name, dict(labels))} appears {n} times with identical labels "
+                "(specpilot sums or averages the copies)"
+            )
+    for smp in samples:
+        v, name = smp.value, smp.name
+        if not isinstance(v, float | int) or not math.isfinite(v):
+            continue
+        where = series(name, smp.labels)
+        if v < 0:
+            out.append(f"{where} is negative ({v:g}): counters and gauges cannot be")
+        elif name == sg.SPEC_ACCEPT_RATE and v > 1:
+            out.append(f"{where} is {v:g}: an accept rate is a fraction in [0, 1]")
+        elif name == sg.SPEC_ACCEPT_LENGTH and v > 0:
+            g = steps.get(tuple(sorted(smp.labels.items())))
+            if v < 1:
+                out.append(f"{where} is {v:g}: an accept length counts the bonus token, so >= 1")
+            elif v > MAX_PLAUSIBLE_ACCEPT_LENGTH:
+                out.append(f"{where} is {v:g}: an absurd accept length")
+            elif g is not None and g > 0 and v > g + 1:
+                out.append(
+                    f"{where} is {v:g}, more than spec_num_steps + 1 = {g + 1:g} tokens per step"
+                )
+    return out
 
 
 async def server_info(client: httpx.AsyncClient, base_url: str) -> dict[str, Any]:

@@ -108,7 +108,9 @@ def simulate_one_stream(
     tokens = cycles = 0
     decode_s = verify_s = 0.0
     accepted = verifies = 0
-    while eng.now_s < seconds:
+    # At least one decode cycle, however short `seconds`: the figures below divide by it (the
+    # first step is the prompt's prefill, which can outlast a tiny run on its own).
+    while eng.now_s < seconds or cycles == 0:
         r = eng.step()
         if r is None:  # pragma: no cover - one request is always open
             break

@@ -22,6 +22,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from controller.bench.generate import MAX_COUNT
+from controller.bench.outputs import check_output_dir, check_output_file
 from controller.bench.report import plot_scenario, print_results, write_json
 from controller.bench.runner import ScenarioResult, run_scenario
 from controller.bench.scenario import (
@@ -56,7 +58,9 @@ def scenario_paths(given: list[Path]) -> list[Path]:
 def generate_scenarios(
     out_dir: Annotated[Path, typer.Argument(help="Directory the files are written to.")],
     seed: Annotated[int, typer.Option(help="Seed: the same seed writes the same days.")] = 0,
-    count: Annotated[int, typer.Option(min=1, help="How many days.")] = 30,
+    count: Annotated[
+        int, typer.Option(min=1, max=MAX_COUNT, help=f"How many days (at most {MAX_COUNT}).")
+    ] = 30,
     force: Annotated[
         bool, typer.Option("--force", help="Replace files of the same names.")
     ] = False,
@@ -74,6 +78,16 @@ def generate_scenarios(
         err.print(f"[red]specpilot generate-scenarios:[/red] {escape(str(e))}")
         raise typer.Exit(2) from None
     typer.echo(f"wrote {len(paths)} scenarios to {out_dir}")
+
+
+def png_name(scenario: Scenario) -> str:
+    """The PNG file name of a scenario in --png-dir: `<name>.png` (the loader refuses names with
+    a path separator; one built in code has them replaced, so it cannot write outside the
+    directory either)."""
+    name = scenario.name
+    for sep in ("/", "\\", "\0"):
+        name = name.replace(sep, "_")
+    return f"{name}.png"
 
 
 def _run_one(args: tuple[Scenario, list[str] | None]) -> ScenarioResult:
@@ -182,6 +196,14 @@ def bench(
                     err.print(f"specpilot bench: {sc.name} has no {p!r} row; left out there")
             work.append((sc, mine))
     scenarios = [sc for sc, _ in work]
+    # Before minutes of replay: an output that cannot be written would lose them.
+    for problem in (
+        check_output_file(json_out, "--json") if json_out is not None else None,
+        check_output_dir(png_dir, "--png-dir") if png_dir is not None else None,
+    ):
+        if problem is not None:
+            err.print(f"[red]specpilot bench:[/red] {escape(problem)}")
+            raise typer.Exit(2)
     if jobs > 1 and len(work) > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             results = list(pool.map(_run_one, work))
@@ -191,14 +213,18 @@ def bench(
             with console.status(f"replaying {sc.name}"):
                 results.append(run_scenario(sc, wanted))
     missed = print_results(results, console, timing=timing)
-    if json_out is not None:
-        write_json(results, json_out)
-        console.print(f"wrote {json_out}")
-    if png_dir is not None:
-        for res in results:
-            out = png_dir / f"{res.scenario.name}.png"
-            plot_scenario(res, out)
-            console.print(f"wrote {out}")
+    try:
+        if json_out is not None:
+            write_json(results, json_out)
+            console.print(f"wrote {json_out}")
+        if png_dir is not None:
+            for res in results:
+                out = png_dir / png_name(res.scenario)
+                plot_scenario(res, out)
+                console.print(f"wrote {out}")
+    except OSError as e:  # checked above; the disk filled up or the path changed since
+        err.print(f"[red]specpilot bench:[/red] cannot write the results: {escape(str(e))}")
+        raise typer.Exit(1) from None
     if check and missed:
         raise typer.Exit(1)
 

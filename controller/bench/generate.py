@@ -43,6 +43,8 @@ CONSTANT_SCALE_SHARE = 0.15
 CONSTANT_SCALE = (1.1, 2.0)
 RAMP_SHARE = 0.15
 RAMP_TO = (0.6, 1.8)
+# At most this many days per call: each is a file, and a replay of minutes.
+MAX_COUNT = 10_000
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,8 @@ class GeneratedScenario:
 
 def generate(seed: int, count: int) -> list[GeneratedScenario]:
     """`count` days drawn from `seed`, named r<seed>-<i> (i zero-padded to two digits)."""
-    if count < 1:
-        raise ValueError(f"count must be at least 1, got {count}")
+    if not 1 <= count <= MAX_COUNT:
+        raise ValueError(f"count must be at least 1 and at most {MAX_COUNT}, got {count}")
     rng = random.Random(seed)
     sims = builtin_profiles()
     return [_day(rng, sims, f"r{seed}-{i:02d}") for i in range(count)]

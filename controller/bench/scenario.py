@@ -35,6 +35,13 @@ ramp_steps = 6                    # optional: constant sub-phases a ramp is play
 alpha = 0.8
 output_tokens = 400
 ```
+
+Size limits (a replay is virtual time, but every poll of every policy is real work, so a typo
+such as `duration_s = 1e300` would otherwise run for ever): a scenario lasts at most
+MAX_SCENARIO_S (30 days, phases x repeat, and after `--hours-scale`), so a phase too; a ramp
+has at most MAX_RAMP_STEPS sub-phases; a scenario at most MAX_PHASES sub-phases in all and
+MAX_POLLS polls (its duration / poll_interval_s). `name` names the --png-dir file, so it may
+not hold a path separator.
 """
 
 from __future__ import annotations
@@ -87,6 +94,13 @@ _STEP_NAME = re.compile(r"^eagle3-(\d+)step$")
 # A ramp played without `ramp_steps` gets one constant sub-phase per this many seconds (at least
 # two): fine enough that a policy sees the drift as a sequence of small changes.
 DEFAULT_RAMP_STEP_S = 1800.0
+
+# Size limits (see the module docstring): a month of virtual time, a thousand sub-phases per
+# ramp, and half a million polls, about ten minutes of replay for every policy on one core.
+MAX_SCENARIO_S = 30 * 86400.0
+MAX_RAMP_STEPS = 1000
+MAX_PHASES = 100_000
+MAX_POLLS = 500_000
 
 _TOP_KEYS = {
     "name",
@@ -301,11 +315,16 @@ class Scenario:
 
     def scaled(self, hours_scale: float) -> Scenario:
         """Every phase duration multiplied by `hours_scale` (the CI-short mode); the poll
-        interval and restart times are kept, so short runs are harsher on switching."""
+        interval and restart times are kept, so short runs are harsher on switching.
+        ValueError for a scale that is not a positive number, or one that makes the scenario
+        longer than the size limits allow."""
         if not (math.isfinite(hours_scale) and hours_scale > 0):
             raise ValueError(f"hours scale must be a positive number (got {hours_scale})")
         if hours_scale == 1.0:
             return self
+        problem = _size_problem(self.duration_s * hours_scale, self.poll_interval_s)
+        if problem is not None:
+            raise ValueError(f"{self.source}: with hours scale {hours_scale:g}, {problem}")
         phases: list[Phase] = []
         t = 0.0
         for p in self.phases:
@@ -320,17 +339,42 @@ class Scenario:
 # --------------------------------------------------------------------------------------------
 
 
-def _num(source: str, key: str, v: Any, *, positive: bool = True) -> float:
+def _size_problem(total_s: float, poll_s: float) -> str | None:
+    """What breaks the size limits for a scenario of `total_s` polled every `poll_s`, or None."""
+    if total_s > MAX_SCENARIO_S:
+        return (
+            f"the scenario would last {total_s / 86400:.4g} days; at most "
+            f"{MAX_SCENARIO_S / 86400:g} days (MAX_SCENARIO_S = {MAX_SCENARIO_S:g} s)"
+        )
+    polls = total_s / poll_s
+    if polls > MAX_POLLS:
+        return (
+            f"{polls:.4g} polls ({total_s:g} s every {poll_s:g} s); at most {MAX_POLLS}: "
+            "a longer poll_interval_s or a shorter scenario"
+        )
+    return None
+
+
+def _num(
+    source: str, key: str, v: Any, *, positive: bool = True, maximum: float | None = None
+) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         raise ScenarioError(source, key, f"must be a finite number (got {v!r})")
     if positive and v <= 0:
         raise ScenarioError(source, key, f"must be > 0 (got {v!r})")
+    if maximum is not None and v > maximum:
+        most = f"{maximum:.0f}" if maximum == int(maximum) else f"{maximum:g}"
+        raise ScenarioError(source, key, f"must be <= {most} (got {v!r})")
     return float(v)
 
 
-def _int(source: str, key: str, v: Any, *, minimum: int) -> int:
+def _int(source: str, key: str, v: Any, *, minimum: int, maximum: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise ScenarioError(source, key, f"must be an integer >= {minimum} (got {v!r})")
+    if maximum is not None and v > maximum:
+        raise ScenarioError(
+            source, key, f"must be an integer between {minimum} and {maximum} (got {v!r})"
+        )
     return int(v)
 
 
@@ -405,7 +449,7 @@ def _phases(
         for req in ("duration_s", "concurrency", "workloads"):
             if req not in ph:
                 raise ScenarioError(source, f"{key}.{req}", "missing")
-        duration = _num(source, f"{key}.duration_s", ph["duration_s"])
+        duration = _num(source, f"{key}.duration_s", ph["duration_s"], maximum=MAX_SCENARIO_S)
         conc = _int(source, f"{key}.concurrency", ph["concurrency"], minimum=0)
         mix_raw = ph["workloads"]
         if not isinstance(mix_raw, dict) or not mix_raw:
@@ -432,9 +476,13 @@ def _phases(
                 raise ScenarioError(
                     source, f"{key}.ramp_steps", "only with a [from, to] cost scale ramp"
                 )
-            steps = _int(source, f"{key}.ramp_steps", ph["ramp_steps"], minimum=2)
+            steps = _int(
+                source, f"{key}.ramp_steps", ph["ramp_steps"], minimum=2, maximum=MAX_RAMP_STEPS
+            )
         else:
-            steps = max(2, round(duration / DEFAULT_RAMP_STEP_S)) if ramped else 1
+            steps = (
+                min(MAX_RAMP_STEPS, max(2, round(duration / DEFAULT_RAMP_STEP_S))) if ramped else 1
+            )
         label = ph.get("label")
         if label is not None:
             label = _str(source, f"{key}.label", label)
@@ -449,6 +497,17 @@ def _phases(
                 "base": base,
                 "steps": steps,
             }
+        )
+    where = "repeat" if repeat > 1 else "phases"
+    total_s = repeat * math.fsum(tp["duration"] for tp in templates)
+    if total_s > MAX_SCENARIO_S:
+        raise ScenarioError(source, where, _size_problem(total_s, math.inf) or "too long")
+    n_phases = repeat * sum(tp["steps"] for tp in templates)
+    if n_phases > MAX_PHASES:
+        raise ScenarioError(
+            source,
+            where,
+            f"{n_phases} sub-phases (phases x ramp steps x repeat); at most {MAX_PHASES}",
         )
     phases: list[Phase] = []
     t = 0.0
@@ -506,6 +565,12 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "<dict>") -> Sce
         if req not in raw:
             raise ScenarioError(source, req, "missing")
     name = _str(source, "name", raw["name"])
+    if any(c in name for c in ("/", "\\", "\0")):
+        raise ScenarioError(
+            source,
+            "name",
+            f"must not hold a path separator: it names the --png-dir file (got {name!r})",
+        )
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise ScenarioError(source, "description", "must be a string")
@@ -555,12 +620,15 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "<dict>") -> Sce
     mrr = raw.get("max_running_requests")
     if mrr is not None:
         mrr = _int(source, "max_running_requests", mrr, minimum=1)
-    repeat = _int(source, "repeat", raw.get("repeat", 1), minimum=1)
+    repeat = _int(source, "repeat", raw.get("repeat", 1), minimum=1, maximum=MAX_PHASES)
     kind = raw.get("kind")
     if kind is not None and kind not in SCENARIO_KINDS:
         raise ScenarioError(source, "kind", f"must be one of {', '.join(SCENARIO_KINDS)}")
     workloads = {k: _bench_workload(w) for k, w in _workloads(source, raw.get("workloads")).items()}
     phases = _phases(source, raw["phases"], workloads, repeat)
+    polls = _size_problem(phases[-1].end_s, poll)
+    if polls is not None:
+        raise ScenarioError(source, "poll_interval_s", polls)
     replicas, max_unavailable, canary = _fleet_keys(source, raw)
     if kind is None:
         kind = "stationary" if len(phases) == 1 else "changing"
@@ -594,8 +662,14 @@ def load_scenario(path: str | Path) -> Scenario:
             raw = tomllib.load(fh)
     except FileNotFoundError:
         raise ScenarioError(source, "<file>", "not found") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(
+            source, "<file>", f"not UTF-8 text, so not TOML (byte {exc.start}: {exc.reason})"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(source, "<file>", f"not valid TOML ({exc})") from exc
+    except OSError as exc:
+        raise ScenarioError(source, "<file>", f"cannot read it ({exc.strerror or exc})") from None
     return scenario_from_dict(raw, source=source)
 
 

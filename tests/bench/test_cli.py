@@ -190,3 +190,78 @@ def test_a_scenario_without_traffic_has_null_ratios_and_no_ratio_target(tmp_path
     sp = next(x for x in rows if x["policy"] == "specpilot")
     assert sp["tokens"] == 0 and sp["ratio_oracle_dp"] is None and sp["ratio_best_static"] is None
     assert sp["false_switches"] == 0
+
+
+@pytest.mark.parametrize(
+    ("option", "where", "problem"),
+    [
+        ("--json", "file/x.json", "is not a directory"),
+        ("--json", "adir", "is a directory"),
+        ("--png-dir", "file", "is not a directory"),
+        ("--png-dir", "file/sub", "is not a directory"),
+    ],
+)
+def test_unwritable_outputs_fail_before_any_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str, where: str, problem: str
+) -> None:
+    """A long benchmark must not lose its results to an output path it could have checked
+    first: a bad --json / --png-dir is one line and exit 2, before replaying anything."""
+    import controller.bench.cli as bench_cli
+
+    def no_replay(*_: object) -> None:
+        pytest.fail("replayed before checking the outputs")
+
+    monkeypatch.setattr(bench_cli, "run_scenario", no_replay)
+    sc = tmp_path / "e2e.toml"
+    sc.write_text(SHORT)
+    (tmp_path / "file").write_text("not a directory\n")
+    (tmp_path / "adir").mkdir()
+    r = runner.invoke(app, ["--scenario", str(sc), option, str(tmp_path / where)])
+    assert r.exit_code == 2, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert f"{option}: " in r.output and problem in r.output
+    assert (tmp_path / "file").read_text() == "not a directory\n"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_an_output_in_proc_fails_before_any_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import controller.bench.cli as bench_cli
+
+    monkeypatch.setattr(bench_cli, "run_scenario", lambda *_: pytest.fail("replayed"))
+    sc = tmp_path / "e2e.toml"
+    sc.write_text(SHORT)
+    r = runner.invoke(app, ["--scenario", str(sc), "--json", "/proc/x.json"])
+    assert r.exit_code == 2 and "--json: cannot write in /proc" in r.output
+
+
+def test_the_png_of_a_scenario_stays_in_the_png_dir(tmp_path: Path) -> None:
+    """The loader refuses a name with a separator; one built in code is made a file name."""
+    from dataclasses import replace
+
+    from controller.bench.cli import png_name
+
+    sc = load_scenario(shipped_scenarios()[0])
+    assert png_name(sc) == f"{sc.name}.png"
+    assert png_name(replace(sc, name="../../tmp/evil")) == ".._.._tmp_evil.png"
+    assert png_name(replace(sc, name="a\\b")) == "a_b.png"
+    bad = tmp_path / "evil.toml"
+    bad.write_text(SHORT.replace('name = "e2e"', 'name = "../../tmp/evil"'))
+    r = runner.invoke(app, ["--scenario", str(bad), "--png-dir", str(tmp_path / "png")])
+    assert r.exit_code == 2 and "evil.toml: name: must not hold a path separator" in r.output
+    assert not (tmp_path.parent.parent / "tmp" / "evil.png").exists()
+
+
+def test_a_binary_scenario_file_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "binary.toml"
+    bad.write_bytes(b"\xae\xff garbage")
+    r = runner.invoke(app, ["--scenario", str(bad)])
+    assert r.exit_code == 2 and f"{bad}: <file>: not UTF-8 text" in r.output.replace("\n", "")
+
+
+def test_an_absurd_hours_scale_is_refused(tmp_path: Path) -> None:
+    sc = tmp_path / "e2e.toml"
+    sc.write_text(SHORT)
+    r = runner.invoke(app, ["--scenario", str(sc), "--hours-scale", "1e300"])
+    assert r.exit_code == 2 and "at most 30 days" in r.output

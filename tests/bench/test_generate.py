@@ -178,3 +178,12 @@ def _printed(console: object, fn: object, results: object) -> str:
     ):
         fn(results, console)  # type: ignore[operator]
     return console.export_text()  # type: ignore[attr-defined]
+
+
+def test_an_absurd_count_is_refused() -> None:
+    """--count 100000000 would write files for hours: bounded by MAX_COUNT."""
+    with pytest.raises(ValueError, match="at most"):
+        G.generate(1, G.MAX_COUNT + 1)
+    r = runner.invoke(_app(generate_scenarios), ["unused-dir", "--count", "100000000"])
+    assert r.exit_code == 2 and "--count" in r.output
+    assert not Path("unused-dir").exists()

@@ -149,3 +149,77 @@ def test_stress_scenarios_parse() -> None:
     assert len(paths) >= 20
     for p in paths:
         assert load_scenario(p).name == p.stem, p
+
+
+@pytest.mark.parametrize(
+    ("edit", "key", "problem"),
+    [
+        (
+            lambda t: t.replace("duration_s = 600", "duration_s = 1e300"),
+            "phases[0].duration_s",
+            "must be <= 2592000",
+        ),
+        (
+            lambda t: t.replace(
+                "concurrency = 2",
+                "concurrency = 2\nverify_cost_scale = [1.0, 2.0]\nramp_steps = 100000000",
+            ),
+            "phases[0].ramp_steps",
+            "between 2 and 1000",
+        ),
+        (lambda t: "repeat = 100000000\n" + t, "repeat", "between 1 and 100000"),
+        (
+            lambda t: "repeat = 5000\n" + t,
+            "repeat",
+            "at most 30 days",
+        ),
+        (lambda t: "poll_interval_s = 0.001\n" + t, "poll_interval_s", "at most 500000"),
+    ],
+)
+def test_absurd_sizes_are_refused_naming_file_and_key(
+    tmp_path: Path,
+    edit,  # type: ignore[no-untyped-def]
+    key: str,
+    problem: str,
+) -> None:
+    """A typo such as duration_s = 1e300 would replay for ever: the size limits refuse it."""
+    p = _write(tmp_path, edit(GOOD))
+    with pytest.raises(ScenarioError) as ei:
+        load_scenario(p)
+    assert ei.value.key == key
+    assert str(p) in str(ei.value) and problem in str(ei.value)
+
+
+def test_the_size_limits_hold_for_hours_scale_too(tmp_path: Path) -> None:
+    sc = load_scenario(_write(tmp_path, GOOD))
+    assert sc.scaled(100.0).duration_s == pytest.approx(60000.0)
+    with pytest.raises(ValueError, match="at most 30 days") as ei:
+        sc.scaled(1e300)
+    assert str(tmp_path / "s.toml") in str(ei.value)
+
+
+def test_a_long_ramp_without_ramp_steps_is_capped(tmp_path: Path) -> None:
+    text = GOOD.replace("duration_s = 600", "duration_s = 2592000").replace(
+        "concurrency = 2", "concurrency = 2\nverify_cost_scale = [1.0, 2.0]"
+    )
+    sc = load_scenario(_write(tmp_path, "poll_interval_s = 30.0\n" + text))
+    assert len(sc.phases) == 1000
+
+
+@pytest.mark.parametrize("name", ["../../tmp/evil", "a/b", "a\\\\b", "/abs"])
+def test_a_name_with_a_path_separator_is_refused(tmp_path: Path, name: str) -> None:
+    """The name is the --png-dir file's: a separator would write outside the directory."""
+    p = _write(tmp_path, GOOD.replace('name = "ok"', f'name = "{name}"'))
+    with pytest.raises(ScenarioError, match="path separator") as ei:
+        load_scenario(p)
+    assert ei.value.key == "name" and str(p) in str(ei.value)
+
+
+def test_a_binary_file_is_refused_naming_it(tmp_path: Path) -> None:
+    p = tmp_path / "binary.toml"
+    p.write_bytes(b"\xae\xff\x00garbage")
+    with pytest.raises(ScenarioError, match="not UTF-8") as ei:
+        load_scenario(p)
+    assert ei.value.key == "<file>" and str(p) in str(ei.value)
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario(tmp_path)  # a directory

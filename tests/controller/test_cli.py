@@ -128,11 +128,125 @@ def test_operator_commands(live: LiveDaemon) -> None:
     assert r.exit_code == 2 and "active or advisory" in r.output
 
 
+def test_an_actor_name_beyond_ascii_reaches_the_audit_log(live: LiveDaemon) -> None:
+    """httpx sends a str header as ASCII: a user named José crashed every write command."""
+    env = {"SPECPILOT_API_TOKEN": TOKEN, "USER": "José"}
+    r = cli("pause", "--ttl-s", "60", "--api", live.url, env=env)
+    assert r.exit_code == 0, r.output
+    assert live.daemon.store.overrides_history(limit=1)[0]["actor"] == "cli:José"
+
+
+def test_a_bad_token_file_is_a_config_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    shipped = (Path(__file__).parents[2] / "config.toml").read_text()
+    assert 'token = ""' in shipped
+    cfg.write_text(shipped.replace('token = ""', f'token_file = "{tmp_path / "missing"}"', 1))
+    r = cli("status", "-c", str(cfg), env={"SPECPILOT_API_TOKEN": ""})
+    assert r.exit_code == 78, r.output
+    assert "api.token_file" in r.output and "no such file" in r.output
+    assert "Traceback" not in r.output
+
+
 def test_not_a_specpilot_is_a_clear_error(live: LiveDaemon) -> None:
     # An API base that answers something else than JSON (here: the status page HTML).
     r = cli("status", "--api", live.url + "/?x=")
     assert r.exit_code == 1
     assert "Traceback" not in r.output
+
+
+def test_api_validation_errors_are_readable(live: LiveDaemon) -> None:
+    """A 422 prints as `field: message`, not as the raw Python list of FastAPI's errors."""
+    env = {"SPECPILOT_API_TOKEN": TOKEN}
+    r = cli("pin", "eagle3-2step", "--reason", "x" * 600, "--api", live.url, env=env)
+    assert r.exit_code == 1, r.output
+    assert "HTTP 422: reason: " in r.output and "500" in r.output
+    assert "[{" not in r.output and "'loc'" not in r.output
+    assert "Traceback" not in r.output
+
+
+def test_api_detail_formats_every_shape() -> None:
+    from controller.cli import _api_detail
+
+    errors = {
+        "detail": [
+            {"type": "greater_than", "loc": ["body", "ttl_s"], "msg": "Input should be > 0"},
+            {"type": "extra_forbidden", "loc": ["query", "since"], "msg": "unknown"},
+            {"type": "missing", "loc": ["body"], "msg": "Field required"},
+        ]
+    }
+    assert _api_detail(errors, "") == (
+        "ttl_s: Input should be > 0; since: unknown; request: Field required"
+    )
+    assert _api_detail({"detail": "wrong token"}, "") == "wrong token"
+    assert _api_detail(None, "plain text body") == "plain text body"
+
+
+# --------------------------------------------------------------------------------- bad numbers
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["pin", "baseline", "--ttl-s", "nan"], "--ttl-s"),
+        (["pin", "baseline", "--ttl-s", "inf"], "--ttl-s"),
+        (["pin", "baseline", "--ttl-s", "0"], "--ttl-s"),
+        (["pause", "--ttl-s", "nan"], "--ttl-s"),
+        (["pause", "--ttl-s", "-inf"], "--ttl-s"),
+        (["breakeven", "--baseline-tok-s", "nan", "--cycle-ms", "30"], "--baseline-tok-s"),
+        (["breakeven", "--baseline-tok-s", "inf", "--cycle-ms", "30"], "--baseline-tok-s"),
+        (["breakeven", "--baseline-tok-s", "82", "--cycle-ms", "inf"], "--cycle-ms"),
+        (
+            ["breakeven", "--baseline-tok-s", "82", "--cycle-ms", "30", "--target-tok-s", "-5"],
+            "--target-tok-s",
+        ),
+        (["breakeven", "--baseline-tok-s", "abc", "--cycle-ms", "30"], "--baseline-tok-s"),
+        (["breakeven", "--table", "--max-running-requests", "-5"], "--max-running-requests"),
+        (["breakeven", "--table", "--max-running-requests", "0"], "--max-running-requests"),
+        (["breakeven", "--table", "--candidate-step", "99"], "--candidate-step"),
+        (["breakeven", "--table", "--candidate-step", "-1"], "--candidate-step"),
+        (["sim-calibrate", "--seconds", "0"], "--seconds"),
+        (["sim-calibrate", "--seconds", "-1"], "--seconds"),
+        (["sim-calibrate", "--seconds", "nan"], "--seconds"),
+        (["sim-calibrate", "--seconds", "1e12"], "--seconds"),
+        (["demo", "--speed", "nan"], "--speed"),
+        (["demo", "--duration-s", "inf"], "--duration-s"),
+        (["demo", "--port", "-1"], "--port"),
+        (["demo", "--port", "99999"], "--port"),
+        (["demo", "--fleet", "-1"], "--fleet"),
+    ],
+)
+def test_bad_numbers_are_one_error_and_exit_2(args: list[str], option: str) -> None:
+    """nan, inf and out-of-range values are refused by the option itself (exit 2, one
+    "Invalid value" message), before a request, a JSON body or a simulation sees them."""
+    api = f"http://127.0.0.1:{_closed_port()}"
+    extra = ["--api", api] if args[0] in OPERATOR else []
+    r = cli(*args, *extra)
+    assert r.exit_code == 2, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    assert f"Invalid value for '{option}'" in r.output
+    assert "cannot reach" not in r.output  # refused before any request
+
+
+def test_finite_float() -> None:
+    import typer
+
+    from controller.cli import finite_float
+
+    parse = finite_float(gt=0, le=10)
+    assert parse("2.5") == 2.5 and parse(10.0) == 10.0
+    for bad in ("0", "-1", "10.5", "nan", "inf", "-inf", "x", ""):
+        with pytest.raises(typer.BadParameter):
+            parse(bad)
+    assert finite_float()("-1e300") == -1e300
+
+
+def test_breakeven_table_takes_the_documented_steps() -> None:
+    from controller.cli import TABLE_MAX_STEP
+    from controller.hybrid_table import DEFAULT_STEPS
+
+    assert max(DEFAULT_STEPS) == TABLE_MAX_STEP
+    r = cli("breakeven", "--table", "--json", "--candidate-step", "0", "--candidate-step", "7")
+    assert r.exit_code == 0, r.output
 
 
 # --------------------------------------------------------------------------------- history
@@ -215,6 +329,34 @@ def test_parse_time() -> None:
     for bad in ("yesterday", "2x", "", "nan"):
         with pytest.raises(ValueError, match="not a time"):
             parse_time(bad, now)
+
+
+@pytest.mark.parametrize(
+    ("since", "until"),
+    [("1000000w", "999999w"), ("-99999999999", "1"), ("100000000000000w", None)],
+)
+@pytest.mark.parametrize("command", ["history", "report", "export"])
+def test_times_out_of_range_are_one_error(
+    recorded: Path, tmp_path: Path, command: str, since: str, until: str | None
+) -> None:
+    """Times a datetime cannot show were a `year -17139 is out of range` traceback."""
+    args = [command, "--db", str(recorded), "--since", since]
+    args += ["--until", until] if until is not None else []
+    if command == "report":
+        args += ["-o", str(tmp_path / "r.png")]
+    r = cli(*args)
+    assert r.exit_code == 2, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    assert "is out of range" in r.output and "years 1-9999" in r.output
+
+
+def test_parse_time_refuses_times_out_of_range() -> None:
+    now = 1_800_000_000.0
+    for bad in ("1000000w", "-99999999999", "1e13", "100000000000000w"):
+        with pytest.raises(ValueError, match="out of range"):
+            parse_time(bad, now)
+    assert parse_time("0", now) == 0.0
+    assert parse_time("1000w", now) == now - 1000 * 7 * 86400
 
 
 def test_history_errors(tmp_path: Path, recorded: Path) -> None:

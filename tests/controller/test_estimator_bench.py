@@ -190,3 +190,19 @@ def test_cli_writes_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     r = CliRunner().invoke(app, ["--no-moe-routing"])
     assert r.exit_code == 0, r.output
     assert calls[-1] == (None, 0, False, False)
+
+
+def test_cli_checks_the_json_path_before_simulating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unwritable --json is one line and exit 2 before the minutes of simulation."""
+    import typer
+
+    monkeypatch.setattr(eb, "bench_estimators", lambda *a, **k: pytest.fail("simulated first"))
+    app = typer.Typer()
+    app.command()(eb.bench_estimators_cmd)
+    (tmp_path / "file").write_text("x")
+    r = CliRunner().invoke(app, ["--quick", "--json", str(tmp_path / "file" / "o.json")])
+    assert r.exit_code == 2, r.output
+    assert "--json: " in r.output and "is not a directory" in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)

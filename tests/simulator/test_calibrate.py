@@ -73,3 +73,12 @@ def test_cli_exit_code_and_output() -> None:
     res = CliRunner().invoke(app, ["--seconds", "60"])
     assert res.exit_code == 0, res.output
     assert "break-even" in res.output and "within 5%" in res.output
+
+
+@pytest.mark.parametrize("seconds", [0.0, 1e-3, float("nan")])
+def test_a_run_too_short_for_one_decode_still_measures_one(seconds: float) -> None:
+    """`sim-calibrate --seconds 0.001` was a ZeroDivisionError: the first step (the prefill)
+    outlasts the run, so no decode cycle was measured. At least one is."""
+    for spec in (SpecConfig.baseline(), SpecConfig.eagle3(2)):
+        s = simulate_one_stream(load_profile(TUNED), spec, seconds=seconds)
+        assert s.tok_s > 0 and s.cycle_ms > 0
