@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.settings import load_settings
+from controller.settings import ServerSettings, load_settings
 from policies.types import Mode
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -87,6 +88,12 @@ def test_specpilot_unit_directives() -> None:
     assert d["StateDirectory"] == ["specpilot"]
     assert d["ConfigurationDirectory"] == ["specpilot"]
     assert "WatchdogSec" in d
+    # READY=1 comes after the first good scrape: the start covers a cold start of SGLang up to
+    # start_timeout_s (systemd's default 90 s killed every start of a large model).
+    (start,) = d["TimeoutStartSec"]
+    minutes = re.fullmatch(r"(\d+)min", start)
+    assert minutes is not None, start
+    assert int(minutes.group(1)) * 60 > ServerSettings().start_timeout_s
     assert d["NoNewPrivileges"] == ["yes"]
     assert not [k for k in GPU_BREAKING if k in d]
 
