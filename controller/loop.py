@@ -13,8 +13,9 @@ trial, and the quarantine of a profile that failed to start, `[policy] failed_pr
   middle leaves an open row that the next start closes as `unknown`, and it adopts the server it
   finds (or waits for the one the interrupted switch was starting) instead of starting another.
 - A crash outside a switch restarts the same profile after `[server] crash_backoff_s`, doubling
-  per consecutive crash or failed restart up to `crash_backoff_max_s`; a crash of the profile on
-  trial rolls back at once to the profile before it (ROLLBACK_CRASH) and quarantines it.
+  per consecutive crash or failed restart up to `crash_backoff_max_s` (unless it repeats: below);
+  a crash of the profile on trial rolls back at once to the profile before it (ROLLBACK_CRASH)
+  and quarantines it.
 - When nothing serves and the policy has no rollback left (the rollback itself failed), the last
   good profile is started again, with the same backoff.
 - `[server] start_failure_limit` consecutive failed starts block automatic actuation, as an
@@ -22,6 +23,19 @@ trial, and the quarantine of a profile that failed to start, `[policy] failed_pr
 - `[controller] scrape_error_limit` consecutive failed scrapes mark the target down: a trial in
   progress ends inconclusive (failed scrapes are never evidence of a low rate) and rolls back;
   outside a trial the loop holds and says why in the status.
+- A window never spans a gap: after a failed scrape the next good one starts a new window
+  (a hung server's counters stand still while its scrapes fail: a window across the failures
+  would read the hang as a very slow rate of the running profile), and so does a scrape more
+  than scrape_error_limit + 1 polls after the last (as long a silence as one that would have
+  marked the target down: a host or controller that stalled, a hang nobody scraped).
+- A crash that repeats (start_failure_limit crashes in a row, or one inside the policy's
+  min_dwell_s of the profile's start) while a profile that served before it is not quarantined
+  is treated like a failed start: the crashed profile is quarantined (the policy's
+  failed-profile backoff) and the profile that served before it comes back at once
+  (ROLLBACK_CRASH), instead of restarts of a profile that keeps dying.
+- An operator switch (or a trial abort's rollback) runs as a task beside the loop: while it is
+  in flight the loop neither scrapes, probes nor decides (as during its own switches), a scrape
+  that overlapped a switch's start or end is dropped, and `run` returns only once it ended.
 """
 
 from __future__ import annotations
@@ -74,6 +88,10 @@ RETENTION_EVERY_S = 3600.0  # server time between two Store.apply_retention runs
 # (a switch, a trial, a quarantine, a new adaptive table: `_policy_milestones`) is saved on the
 # tick it happens, and the whole state when the loop stops.
 POLICY_STATE_SAVE_EVERY_S = 60.0
+# Where the loop saves, beside the overrides row (Store.save_overrides), the config file's mode
+# at the time the row's mode was saved: a mode set through the API survives a restart while the
+# file's mode is unchanged, and an edit of the file's mode wins at the next start.
+STATE_KEY_MODE_SOURCE = "mode_source"
 
 
 class ConflictError(Exception):
@@ -151,6 +169,13 @@ class Controller:
         self.state: policy.PolicyState | None = None
         self._on_tick: list[Callable[[Controller], None]] = []
         self._manual: asyncio.Task[SwitchResult] | None = None
+        # Bumped when an actuation starts and when it ends: a scrape that began in another
+        # epoch saw a server that is gone (or not yet up) and is dropped.
+        self._epoch = 0
+        # The profile that served last (crashed or not), and the one that served before it:
+        # where a profile that keeps crashing goes back to.
+        self._served_last: str | None = None
+        self.came_from: str | None = None
         self._retention_at_s = float("-inf")
         self._policy_saved_at_s = float("-inf")
         self._policy_saved_key: str | None = None
@@ -226,8 +251,17 @@ class Controller:
                 adaptive_tables=adaptive_tables.initial_tables(self.settings),
             )
         self._settle_restored_state()
+        if self.running is not None:
+            self._serving(self.running)
         self.metrics.set_profile(self.running)
         self.metrics.set_mode(self.mode)
+
+    def _serving(self, profile: str) -> None:
+        """`profile` serves from now on (a start, switch, restart or adoption): remember the
+        one that served before it, where a profile that keeps crashing goes back to."""
+        if profile != self._served_last:
+            self.came_from = self._served_last
+            self._served_last = profile
 
     def _settle_restored_state(self) -> None:
         """A restored policy state may describe a moment the server has left behind: a switch
@@ -325,8 +359,11 @@ class Controller:
         if self.running is not None or self.funnel.busy:
             return
         probe = await self.actuator.probe()
+        if self._manual_in_flight():
+            return  # the operator's switch (its task) brings a server; it is not adopted
         if probe.up and probe.profile is not None:
             self.running = probe.profile
+            self._serving(probe.profile)
             self.served_since_s = self.clock.now()
             self.prev = None
             self.restart_plan = None  # someone else brought a server back
@@ -336,8 +373,9 @@ class Controller:
             self.metrics.set_profile(self.running)
 
     def _load_overrides(self, now: float) -> None:
+        """The operator state saved before the last stop (pin, pause, block, mode)."""
         saved = self.store.load_state(STATE_KEY_OVERRIDES) or {}
-        mode = Mode(saved.get("mode", self.settings.controller.mode))
+        mode = self._start_mode(saved.get("mode"))
         self.mode = mode
         self.overrides = Overrides(
             pin_profile=saved.get("pin_profile")
@@ -350,13 +388,66 @@ class Controller:
         )
         if self.overrides.blocked_reason:
             self.funnel.blocked_reason = self.overrides.blocked_reason
+        if saved and saved.get("mode") != mode.value:
+            # The file won over the saved mode: the saved row says so from now on.
+            self._save_overrides()
         self._expire_overrides(now)
 
-    def _save_overrides(self) -> None:
-        # The mode and the block as they are now (self.overrides catches up at the next tick).
-        self.store.save_overrides(
-            replace(self.overrides, mode=self.mode, blocked_reason=self.funnel.blocked_reason)
+    def _start_mode(self, saved_mode: object) -> Mode:
+        """The mode this start runs in. The config file's mode, unless a mode set through the
+        API (PUT /v1/mode) was saved while the file said what it says now: an operator's mode
+        outlives a restart, an edit of the file's mode wins at the next start. A saved mode
+        whose file mode was not recorded (a row saved before it was) is taken to predate the
+        file: the file wins. One log line whenever the saved mode and the file differ."""
+        file_mode = self.settings.controller.mode
+        if saved_mode is None:
+            return file_mode
+        try:
+            saved = Mode(str(saved_mode))
+        except ValueError:
+            log.warning("saved mode %r unreadable: mode=%s from the config", saved_mode, file_mode)
+            return file_mode
+        if saved is file_mode:
+            return file_mode
+        source = self.store.load_state(STATE_KEY_MODE_SOURCE) or {}
+        saved_file = source.get("file_mode") if source.get("mode") == saved.value else None
+        if saved_file == file_mode.value:
+            log.warning(
+                "mode=%s (set through the API, saved in the database) overrides the config's "
+                "mode=%s, which has not changed since; PUT /v1/mode or `specpilot mode` changes it",
+                saved.value,
+                file_mode.value,
+            )
+            return saved
+        log.warning(
+            "mode=%s from the config wins over the saved mode=%s (%s)",
+            file_mode.value,
+            saved.value,
+            f"the config said mode={saved_file} when it was saved"
+            if saved_file
+            else "saved before the config's mode was recorded with it",
         )
+        self.store.record_override(
+            "mode",
+            self.clock.now(),
+            "config",
+            mode=file_mode,
+            reason=f"config mode changed since the saved mode={saved.value} was set",
+        )
+        return file_mode
+
+    def _save_overrides(self) -> None:
+        """Save the overrides with the mode and the block as they are now (self.overrides
+        catches up at the next tick), and beside them the config file's mode at this moment
+        (what `_start_mode` compares the file with at the next start); one commit."""
+        with self.store.batch():
+            self.store.save_overrides(
+                replace(self.overrides, mode=self.mode, blocked_reason=self.funnel.blocked_reason)
+            )
+            self.store.save_state(
+                STATE_KEY_MODE_SOURCE,
+                {"mode": self.mode.value, "file_mode": self.settings.controller.mode.value},
+            )
 
     def _expire_overrides(self, now: float) -> None:
         o = self.overrides
@@ -381,6 +472,8 @@ class Controller:
         now = self.clock.now()
         assert self.state is not None, "startup() first"
         self._expire_overrides(now)
+        if self._manual_in_flight():
+            return self._switch_in_flight_tick(now, t_real)
 
         await self._adopt_if_down()
         handled = await self._check_server(now)
@@ -389,6 +482,8 @@ class Controller:
             return self._end_tick(handled, now, t_real)
 
         obs, scrape_ok = await self._observe(now)
+        if self._manual_in_flight():
+            return self._switch_in_flight_tick(now, t_real)
         if not scrape_ok or obs is not None:
             trial_before = self.state.trial
             self.state, decision = policy.decide(
@@ -415,6 +510,27 @@ class Controller:
             self._record_decision(decision, acted=False)
         return self._end_tick(decision, now, t_real)
 
+    def _manual_in_flight(self) -> bool:
+        """An operator switch or a trial abort's rollback (the `_manual` task) is running."""
+        return self._manual is not None and not self._manual.done()
+
+    def _switch_in_flight_tick(self, now: float, t_real: float) -> Decision:
+        """A tick while the operator's switch task runs: like the ticks the loop's own switch
+        holds back, it scrapes, probes, decides and records nothing (the server is being
+        stopped or loaded; what serves is learned from the task's result). The daemon's per-tick
+        callbacks (watchdog, status, a SIGHUP reload) still run."""
+        d = Decision(
+            now,
+            Action.HOLD,
+            self.running or "",
+            Reason.HOLD_COOLDOWN,
+            {"switch_in_flight": True},
+        )
+        self.metrics.tick_seconds.observe(time.perf_counter() - t_real)
+        for cb in self._on_tick:
+            cb(self)
+        return d
+
     def _refresh_predictions(self) -> None:
         """What every profile is predicted to deliver, as decide sees it (the configured
         stale_widen): for the status, the estimates table, the metrics and a trial's baseline."""
@@ -428,11 +544,17 @@ class Controller:
         if self.running is None:
             self.metrics.target_up.set(0)
             return None, False
+        epoch = self._epoch
         try:
             snap = await scrape(
                 self.client, self.settings.server.base_url, profile=self.running, t_s=now
             )
         except ObserveError as e:
+            if epoch != self._epoch:
+                return self._drop_scrape()
+            # The next good scrape starts a new window: one across the failures would read a
+            # hung server's standstill as a low rate of the running profile.
+            self.prev = None
             self.scrape_errors += 1
             self.metrics.scrape_errors.inc()
             self.metrics.target_up.set(0)
@@ -442,20 +564,41 @@ class Controller:
             else:
                 log.warning("scrape failed (%d in a row): %s", self.scrape_errors, e)
             return None, False
+        if epoch != self._epoch:
+            return self._drop_scrape()
         if self.scrape_errors >= self.settings.controller.scrape_error_limit:
             log.warning("target up again after %d failed scrapes", self.scrape_errors)
         self.scrape_errors = 0
         self.metrics.target_up.set(1)
         self.ready = True
         obs = None
-        if self.prev is not None and self.prev.profile == snap.profile:
-            obs = diff(self.prev, snap)
+        prev = self.prev
+        if prev is not None and prev.profile == snap.profile:
+            ctl = self.settings.controller
+            gap_s = snap.t_s - prev.t_s
+            if gap_s > (ctl.scrape_error_limit + 1) * ctl.poll_interval_s:
+                log.warning(
+                    "no window over the %.0f s since the last scrape (more than "
+                    "scrape_error_limit + 1 = %d polls): a new window starts",
+                    gap_s,
+                    ctl.scrape_error_limit + 1,
+                )
+            else:
+                obs = diff(prev, snap)
         self.prev = snap
         if obs is not None:
             self.last_obs = obs
             self.store.record_observation(obs)
             self.metrics.observe_window(obs)
         return obs, True
+
+    def _drop_scrape(self) -> tuple[Observation | None, bool]:
+        """A scrape that overlapped the start or the end of a switch: it may have read the old
+        server, the new one or neither, under the wrong profile. Neither a window nor an error;
+        the next scrape starts a new window."""
+        log.debug("scrape dropped: a switch started or ended while it was in flight")
+        self.prev = None
+        return None, True
 
     def _judge_scrape_errors(self, d: Decision, now: float) -> Decision:
         """The trial's consecutive-error limit: a profile on trial whose scrapes keep failing
@@ -554,6 +697,7 @@ class Controller:
         predicted = self._prediction(d.profile)
 
         def on_start() -> None:
+            self._epoch += 1  # a scrape in flight now reads a server being stopped
             decision_id = self._record_decision(d, acted=True)
             sid = self.store.start_switch(
                 from_profile, d.profile, d.reason.value, self.clock.now(), decision_id
@@ -584,6 +728,7 @@ class Controller:
                     self.state.pending = None
                 log.warning("not acting on %s %s: %s", d.action.value, d.profile, result.error)
             return result, None
+        self._epoch += 1  # the server changed hands: scrapes begun during the switch are stale
         self._finish_switch(sid, result, d.reason)
         return result, sid
 
@@ -644,6 +789,7 @@ class Controller:
                 self.state, result.to_profile, True, result.downtime_s, self.clock.now()
             )
             self.running = result.to_profile
+            self._serving(result.to_profile)
             self.served_since_s = self.clock.now()
             self.start_failures = 0
             self.restart_plan = None
@@ -769,7 +915,10 @@ class Controller:
         if self.funnel.busy:
             return None
         if self.running is not None:
-            if await self.actuator.alive():
+            alive = await self.actuator.alive()
+            if self.funnel.busy or self._manual_in_flight():
+                return None  # an operator switch began meanwhile: it stops this server
+            if alive:
                 max_s = self.settings.server.crash_backoff_max_s
                 if self.served_since_s is not None and now - self.served_since_s >= max_s:
                     self.crash_restarts = 0  # served long enough: the next crash is a new story
@@ -800,6 +949,7 @@ class Controller:
         assert self.state is not None
         crashed = self.running
         assert crashed is not None
+        served_since = self.served_since_s
         self.running = None
         self.prev = None
         self.served_since_s = None
@@ -820,6 +970,31 @@ class Controller:
             self.next_crash_restart_s = now
             log.error("server crashed on trial of %s: rolling back to %s", crashed, back)
             return
+        back = self._crash_fallback(crashed, served_since, now)
+        if back is not None:
+            # It keeps dying: backed off like a profile that failed to start (the policy's
+            # failed-profile quarantine), and the profile that served before it comes back.
+            self.crash_restarts += 1
+            self.state.failed[crashed] = now
+            if self.last_good == crashed:
+                self.last_good = back
+            self.restart_plan = (
+                back,
+                Reason.ROLLBACK_CRASH,
+                {"crashed_profile": crashed, "crash_restarts": self.crash_restarts},
+            )
+            self.next_crash_restart_s = now
+            log.error(
+                "server running %s died outside a switch (crash %d in a row, %s): quarantined, "
+                "rolling back to %s",
+                crashed,
+                self.crash_restarts,
+                "served for an unknown time"
+                if served_since is None
+                else f"served {now - served_since:.0f} s",
+                back,
+            )
+            return
         self.crash_restarts += 1
         backoff = self._backoff_s(self.crash_restarts)
         self.restart_plan = (
@@ -834,6 +1009,29 @@ class Controller:
             self.crash_restarts,
             backoff,
         )
+
+    def _crash_fallback(self, crashed: str, served_since: float | None, now: float) -> str | None:
+        """Where a crash outside a trial goes instead of a restart of the same profile: the
+        profile that served before it, when the crash repeats (the start_failure_limit-th in a
+        row, counting failed restarts) or came inside the policy's min_dwell_s of the crashed
+        server's start (a profile that dies that soon is no better than one that failed to
+        start), and that profile is not quarantined itself. None: restart the same one (also
+        when an operator's pin holds the crashed profile: the pin beats a rollback)."""
+        assert self.state is not None
+        if self.overrides.pin_active(now) and self.overrides.pin_profile == crashed:
+            return None
+        soon = served_since is not None and now - served_since < self.psettings.min_dwell_s
+        repeated = self.crash_restarts + 1 >= self.settings.server.start_failure_limit
+        if not (soon or repeated):
+            return None
+        for back in (self.came_from, self.last_good):
+            if back is None or back == crashed or back not in self.specs:
+                continue
+            failed_at = self.state.failed.get(back)
+            if failed_at is not None and now - failed_at < self.psettings.failed_profile_backoff_s:
+                continue
+            return back
+        return None
 
     async def _restart_when_due(self, now: float) -> Decision:
         assert self.state is not None and self.restart_plan is not None
@@ -862,6 +1060,7 @@ class Controller:
                 self.state, target, True, result.downtime_s, self.clock.now()
             )
             self.running = target
+            self._serving(target)
             self.served_since_s = self.clock.now()
             self.start_failures = 0
             self.next_crash_restart_s = 0.0
@@ -1119,10 +1318,28 @@ class Controller:
             "predicted_tok_s": tr.get("predicted"),
         }
 
+    async def wait_for_operator_switch(self) -> None:
+        """Wait for the operator switch (or trial abort's rollback) in flight, if any, to end
+        and be recorded: a stop must not kill the server it is loading, nor leave its row open.
+        `run` calls it before it returns, so the daemon stops the server only after it."""
+        task = self._manual
+        if task is None or task.done():
+            return
+        log.info("stopping: waiting for the operator's switch in flight to end")
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                raise  # this wait was cancelled, not the switch
+            log.error("the operator's switch was cancelled")
+        except Exception:
+            log.exception("the operator's switch failed")
+
     async def run(
         self, stop: asyncio.Event, on_tick: Callable[[Controller], None] | None = None
     ) -> None:
-        """Tick every poll_interval_s until `stop` is set (the tick in progress finishes)."""
+        """Tick every poll_interval_s until `stop` is set (the tick in progress finishes, and
+        an operator switch in flight runs to its end: wait_for_operator_switch)."""
         if on_tick is not None:
             self._on_tick.append(on_tick)
         while not stop.is_set():
@@ -1139,6 +1356,7 @@ class Controller:
                     timeout=self.clock.real_seconds(max(0.0, interval - elapsed))  # type: ignore[attr-defined]
                     or 0.001,
                 )
+        await self.wait_for_operator_switch()
         if self.state is not None:
             # What was learned since the last save survives a stop (a kill loses at most
             # POLICY_STATE_SAVE_EVERY_S of it).
