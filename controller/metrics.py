@@ -3,16 +3,40 @@
 Owns the metric names (prefix `specpilot_`, base units, `_total` counters, `_seconds`), their
 help texts and the one function that refreshes them from a tick's results. Formatting is
 prometheus_client's: nothing here writes exposition text by hand. Must not decide anything.
+
+Label cardinality is bounded. Every label value comes from the configuration (profiles), from
+closed enums (mode, action, reason, outcome, bound, finding kind) or, for one label, from
+clients: `specpilot_accept_length{workload}` carries the workload label SGLang takes from each
+request's custom labels, so any client can mint new values. It keeps its own series for at most
+MAX_WORKLOAD_SERIES workloads, those with the most generation tokens recently (a per-window
+decayed sum, WORKLOAD_DECAY); the others, and a client workload named "other" itself, are
+folded into one `workload="other"` series (their accept length pooled: their tokens over their
+verify steps). A workload that drops out of the top loses its series at once. Workload names
+and their scores are tracked for at most MAX_TRACKED_WORKLOADS names, so memory is bounded too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from policies.types import Decision, Mode, Observation, ProfilePrediction, Reason
+
+# At most this many workloads have their own specpilot_accept_length series (per profile; only
+# the running profile's series are exported); the rest share OTHER_WORKLOAD.
+MAX_WORKLOAD_SERIES = 32
+# The label value of the series the other workloads are folded into.
+OTHER_WORKLOAD = "other"
+# Per window, a workload's score (generation tokens) is multiplied by this before the window's
+# tokens are added: about the last 10 windows count (half-life ~6.6 windows).
+WORKLOAD_DECAY = 0.9
+# Scores are kept for at most this many workload names (the highest); below the floor a score
+# is forgotten.
+MAX_TRACKED_WORKLOADS = 8 * MAX_WORKLOAD_SERIES
+_SCORE_FLOOR = 1e-3
 
 
 class ControllerMetrics:
@@ -23,6 +47,7 @@ class ControllerMetrics:
         r = self.registry
         self.profiles = list(profiles)
         self._accept_labels: set[tuple[str, str]] = set()
+        self._workload_scores: dict[str, float] = {}  # workload -> decayed generation tokens
         self.info_profile = Gauge(
             "specpilot_current_profile",
             "1 for the profile the server runs now, 0 for the others.",
@@ -43,7 +68,9 @@ class ControllerMetrics:
         )
         self.accept_length = Gauge(
             "specpilot_accept_length",
-            "Accepted drafts + bonus per verify step, per workload, last window.",
+            "Accepted drafts + bonus per verify step, per workload, last window (the "
+            f"{MAX_WORKLOAD_SERIES} workloads with the most tokens recently; the others pooled "
+            f'as workload="{OTHER_WORKLOAD}").',
             ["profile", "workload"],
             registry=r,
         )
@@ -168,7 +195,9 @@ class ControllerMetrics:
 
     def observe_window(self, obs: Observation) -> None:
         """Observed series belong to the profile that runs: the others' last values are
-        dropped, so that a dashboard never shows a stale rate as current."""
+        dropped, so that a dashboard never shows a stale rate as current. Per-workload accept
+        lengths are bounded (module doc): the top workloads by recent tokens, the rest pooled
+        as OTHER_WORKLOAD."""
         for p in self.profiles:
             if p != obs.profile:
                 with contextlib.suppress(KeyError):
@@ -181,11 +210,40 @@ class ControllerMetrics:
             self.observed_tok_s.labels(obs.profile).set(rate)
         if obs.running_reqs is not None:
             self.batch_size.set(obs.running_reqs)
+        kept = self._rank_workloads(obs)  # never OTHER_WORKLOAD: a client's "other" is pooled
+        for labels in [k for k in self._accept_labels if k[1] not in kept | {OTHER_WORKLOAD}]:
+            self.accept_length.remove(*labels)  # fell out of the top: now part of "other"
+            self._accept_labels.discard(labels)
+        other_gen = other_verify = 0.0
         for w in obs.workloads:
             if w.generation_tokens and w.verify_calls:
                 gen = w.generation_tokens - (w.requests or 0.0)
-                self.accept_length.labels(obs.profile, w.workload).set(gen / w.verify_calls)
-                self._accept_labels.add((obs.profile, w.workload))
+                if w.workload in kept:
+                    self.accept_length.labels(obs.profile, w.workload).set(gen / w.verify_calls)
+                    self._accept_labels.add((obs.profile, w.workload))
+                else:
+                    other_gen += gen
+                    other_verify += w.verify_calls
+        if other_verify > 0:
+            self.accept_length.labels(obs.profile, OTHER_WORKLOAD).set(other_gen / other_verify)
+            self._accept_labels.add((obs.profile, OTHER_WORKLOAD))
+
+    def _rank_workloads(self, obs: Observation) -> set[str]:
+        """Update the workloads' decayed token scores with this window and return the label
+        values allowed their own series now: the MAX_WORKLOAD_SERIES best scores (ties by
+        name). A client workload named OTHER_WORKLOAD is never scored: it is always pooled."""
+        scores = self._workload_scores
+        for name in list(scores):
+            scores[name] *= WORKLOAD_DECAY
+        for w in obs.workloads:
+            tokens = w.generation_tokens
+            if w.workload != OTHER_WORKLOAD and tokens and math.isfinite(tokens) and tokens > 0:
+                scores[w.workload] = scores.get(w.workload, 0.0) + tokens
+        ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+        self._workload_scores = {
+            name: score for name, score in ranked[:MAX_TRACKED_WORKLOADS] if score >= _SCORE_FLOOR
+        }
+        return {name for name, _ in ranked[:MAX_WORKLOAD_SERIES]}
 
     def set_predictions(self, preds: Iterable[ProfilePrediction]) -> None:
         for p in preds:

@@ -1,5 +1,6 @@
 """specpilot's own metrics: names and units, values after real ticks, switches, rollbacks and
-scrape failures, the dedicated registry, and `promtool check metrics` on the exposition."""
+scrape failures, the dedicated registry, `promtool check metrics` on the exposition, and the
+bound on the series the client-chosen workload label can make."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -15,7 +17,13 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.api import create_app
-from controller.metrics import ControllerMetrics
+from controller.metrics import (
+    MAX_TRACKED_WORKLOADS,
+    MAX_WORKLOAD_SERIES,
+    OTHER_WORKLOAD,
+    ControllerMetrics,
+)
+from policies.types import Observation, WorkloadWindow
 from tests.controller.ops_support import TOKEN, ProfileModel, Rig, make_rig, tick_until_trial
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -280,3 +288,86 @@ def test_grafana_dashboard_promql_is_valid(tmp_path: Path) -> None:
         [PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=30
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# -- bounded cardinality: the workload label comes from clients
+
+
+def _window(profile: str, loads: dict[str, float], t_s: float = 0.0) -> Observation:
+    """One window where each workload made `tokens` generation tokens in 10 requests, at an
+    accept length of 2 (tokens - requests over verify steps)."""
+    return Observation(
+        t_s=t_s,
+        window_s=5.0,
+        profile=profile,
+        workloads=tuple(
+            WorkloadWindow(w, generation_tokens=tok, verify_calls=(tok - 10) / 2, requests=10)
+            for w, tok in loads.items()
+        ),
+    )
+
+
+def _accept_series(m: ControllerMetrics) -> dict[tuple[str, str], float]:
+    fams = text_string_to_metric_families(m.exposition().decode())
+    fam = next(f for f in fams if f.name == "specpilot_accept_length")
+    return {(s.labels["profile"], s.labels["workload"]): s.value for s in fam.samples}
+
+
+def test_client_workloads_cannot_mint_unbounded_series() -> None:
+    m = ControllerMetrics(["baseline", "eagle3-2step"])
+    # 300 distinct client labels in one window (the audit made 301 series); w000 is busiest.
+    loads = {f"w{i:03d}": 10_000.0 - i for i in range(300)}
+    m.observe_window(_window("eagle3-2step", loads))
+    series = _accept_series(m)
+    assert len(series) == MAX_WORKLOAD_SERIES + 1
+    top = {f"w{i:03d}" for i in range(MAX_WORKLOAD_SERIES)}
+    assert {w for _, w in series} == top | {OTHER_WORKLOAD}
+    assert all(p == "eagle3-2step" for p, _ in series)
+    assert series[("eagle3-2step", "w000")] == pytest.approx(2.0)
+    assert series[("eagle3-2step", OTHER_WORKLOAD)] == pytest.approx(2.0)  # pooled, same rate
+    # Window after window of new names: the bound holds, and so does the memory behind it.
+    for t in range(1, 60):
+        fresh = {f"t{t}-{i}": 50_000.0 for i in range(300)}
+        m.observe_window(_window("eagle3-2step", fresh, t_s=5.0 * t))
+        assert len(_accept_series(m)) <= MAX_WORKLOAD_SERIES + 1
+        assert len(m._workload_scores) <= MAX_TRACKED_WORKLOADS
+
+
+def test_the_busiest_recent_workloads_keep_their_series() -> None:
+    m = ControllerMetrics(["eagle3-2step"])
+    steady = {f"steady{i}": 1000.0 for i in range(MAX_WORKLOAD_SERIES)}
+    for t in range(20):
+        m.observe_window(_window("eagle3-2step", {**steady, f"burst{t}": 500.0}, t_s=5.0 * t))
+    kept = {w for _, w in _accept_series(m)}
+    assert kept == set(steady) | {OTHER_WORKLOAD}  # one-off bursts are pooled
+    # The traffic moves on: new workloads take over and the old ones' series go at once.
+    new = {f"new{i}": 5000.0 for i in range(MAX_WORKLOAD_SERIES)}
+    for t in range(20, 40):
+        m.observe_window(_window("eagle3-2step", new, t_s=5.0 * t))
+    kept = {w for _, w in _accept_series(m)}
+    assert set(new) <= kept and not kept & set(steady)
+    assert len(kept) <= MAX_WORKLOAD_SERIES + 1
+
+
+def test_a_client_workload_named_other_is_pooled_and_the_pool_is_weighted() -> None:
+    m = ControllerMetrics(["eagle3-2step"])
+    loads = {f"w{i}": 10_000.0 for i in range(MAX_WORKLOAD_SERIES)}
+    obs = _window("eagle3-2step", loads)
+    tail = (
+        WorkloadWindow(OTHER_WORKLOAD, generation_tokens=110.0, verify_calls=100.0, requests=10),
+        WorkloadWindow("tiny", generation_tokens=310.0, verify_calls=100.0, requests=10),
+    )
+    m.observe_window(replace(obs, workloads=obs.workloads + tail))
+    series = _accept_series(m)
+    assert len(series) == MAX_WORKLOAD_SERIES + 1
+    # (100 + 300) tokens past the bonus over 200 verify steps
+    assert series[("eagle3-2step", OTHER_WORKLOAD)] == pytest.approx(2.0)
+    assert ("eagle3-2step", "tiny") not in series
+
+
+def test_accept_length_series_follow_the_profile_running() -> None:
+    m = ControllerMetrics(["baseline", "eagle3-2step"])
+    loads = {f"w{i}": 1000.0 - i for i in range(40)}
+    m.observe_window(_window("eagle3-2step", loads))
+    m.observe_window(_window("baseline", {"w0": 1000.0}))
+    assert set(_accept_series(m)) == {("baseline", "w0")}
