@@ -2,9 +2,12 @@
 
 Owns wiring (settings -> store, clock, HTTP client, actuator, controller, API) and one asyncio
 TaskGroup running the control loop, the embedded uvicorn server (its own signal handling off)
-and the systemd watchdog. Start-up order: the API token is resolved and the API socket bound
-before anything touches the server, so a daemon that cannot serve (a bad token_file: exit 78;
-an address in use, e.g. by a daemon already running: exit 1) leaves every server as it was; a
+and the systemd watchdog. Start-up order: the database is opened first (build: the Store takes
+the database's single-writer lock, store/db.py), then the API token is resolved and the API
+socket bound, all before anything touches the server, so a daemon that cannot run (a bad
+token_file: exit 78; a database that is damaged, newer, read-only or in use by another
+specpilot, or an API address in use, e.g. by a daemon already running: exit 1, one line)
+leaves every server as it was; a
 server is owned (stopped on the way out with owns_server) only once the start-up finished, so a
 failed start-up never stops a server it adopted. Signals: SIGTERM/SIGINT finish the tick and
 stop cleanly (the server keeps running unless the config says the controller owns it); SIGHUP
@@ -38,7 +41,7 @@ from controller.loop import Controller
 from controller.metrics import ControllerMetrics
 from controller.settings import EXIT_CONFIG, ConfigError, Settings, load_settings, policy_settings
 from policies.types import Mode
-from store import Store
+from store import Store, StoreError
 
 log = logging.getLogger("specpilot.daemon")
 
@@ -156,18 +159,28 @@ async def build(
     clock: Clock | None = None,
     db_path: Path | None = None,
 ) -> Daemon:
+    """Open the store (StoreError: the database cannot be used, or another specpilot writes it;
+    nothing else was made) and wire the daemon's pieces; touches no server."""
     clock = clock or ScaledClock(settings.controller.time_scale)
     store = Store(db_path or database_path(settings))
-    client = httpx.AsyncClient(timeout=settings.controller.scrape_timeout_s, trust_env=False)
-    actuator = make_actuator(settings, clock, client)
-    controller = Controller(
-        settings,
-        clock=clock,
-        store=store,
-        actuator=actuator,
-        client=client,
-        metrics=ControllerMetrics(settings.profiles),
-    )
+    try:
+        client = httpx.AsyncClient(timeout=settings.controller.scrape_timeout_s, trust_env=False)
+        try:
+            actuator = make_actuator(settings, clock, client)
+            controller = Controller(
+                settings,
+                clock=clock,
+                store=store,
+                actuator=actuator,
+                client=client,
+                metrics=ControllerMetrics(settings.profiles),
+            )
+        except BaseException:
+            await client.aclose()
+            raise
+    except BaseException:
+        store.close()  # releases the database's writer lock
+        raise
     return Daemon(config_path, settings, controller, store, client)
 
 
@@ -388,8 +401,15 @@ async def serve_fleet(settings: Settings) -> int:
 
 def run_daemon(config_path: Path) -> int:
     """`specpilot run --config FILE`: exit 78 for a bad file (a bad api.token_file too), 1 when
-    the API cannot be bound (nothing else was touched) or the server cannot be started or
-    adopted, 0 after a clean stop. Errors are one line, without a traceback."""
+    the database cannot be used (not a database, damaged, written by a newer specpilot,
+    read-only, or in use by another specpilot: StoreError, found before the server is touched)
+    or the API cannot be bound (nothing else was touched) or the server cannot be started or
+    adopted, 0 after a clean stop. Errors are one line, without a traceback.
+
+    A bad database exits 1, not 78: the configuration is valid (78 means "fix config.toml",
+    and systemd does not restart on it); the problem is the state of a file or of another
+    process, like an API address in use (1), and one a restart may clear (the other daemon
+    stopped)."""
     try:
         settings = load_settings(config_path)
     except ConfigError as e:
@@ -408,6 +428,13 @@ def run_daemon(config_path: Path) -> int:
     except ConfigError as e:
         print(f"specpilot: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    except StoreError as e:  # every message names the database
+        log.error("%s", _one_line(e))
+        return 1
     except RuntimeError as e:  # ApiBindError too
         log.error("%s", e)
         return 1
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__

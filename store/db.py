@@ -9,17 +9,36 @@ not make policy decisions (it stores what the policy decided).
 
 Durability: WAL with synchronous=NORMAL. Every committed write survives a crash or restart of
 the process; a power loss may drop the last transactions (not corrupt the file).
+
+One writer per database: `Store` takes an exclusive advisory lock (fcntl.flock) on the lock
+file `<database>.lock` beside the database before it opens it, holds it until `close()` (or the
+process ends: the kernel drops it, so a killed daemon never leaves a stale lock) and writes its
+pid in it. A `Store` on the same database in another process (a second daemon) is refused at
+once with StoreError "database X is in use by another specpilot (pid N)" before the database is
+even read; the Stores of one process share the lock. Readers (`Reader`: the API's read
+connection, `specpilot history/export/report`) take no lock and are never blocked. The lock file
+is left in place on close (removing it would race with a writer opening it); its content is
+only informative.
+
+Opening fails with one-line StoreError naming the database for every problem found at open: a
+path that is a directory, a file that is not (or no longer) a database, one written by a newer
+specpilot, a schema that is not valid UTF-8, and a file that cannot be written (read-only file
+or file system): a write probe (a header write, rolled back) runs at open, so that it is not
+every later write that fails.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import json
 import math
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -38,7 +57,7 @@ from store import schema
 from store.retention import RetentionPolicy, apply_retention
 from store.schema import OverrideKind, SwitchOutcome, TrialState
 
-__all__ = ["ALL_WORKLOADS", "EXPORTABLE_TABLES", "Reader", "Store", "StoreError"]
+__all__ = ["ALL_WORKLOADS", "EXPORTABLE_TABLES", "Reader", "Store", "StoreError", "lock_path"]
 
 # Workload key of estimates for the traffic mix as served (not one workload).
 ALL_WORKLOADS = "*"
@@ -170,7 +189,7 @@ class _Reads:
             cur = self.db.execute(sql, params)
             cols = [c[0] for c in cur.description]
             return [_row(dict(zip(cols, r, strict=True))) for r in cur.fetchall()]
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:
             raise StoreError(f"read failed: {exc}") from exc
 
     @staticmethod
@@ -367,14 +386,106 @@ def _connect(path: str | Path, *, readonly: bool) -> sqlite3.Connection:
                 check_same_thread=False,
             )
         else:
-            p.parent.mkdir(parents=True, exist_ok=True)
             # check_same_thread off: the daemon may hand writes to a worker thread; Store
             # serialises them with its own lock.
             conn = sqlite3.connect(str(p), timeout=_BUSY_TIMEOUT_S, check_same_thread=False)
-        conn.execute("PRAGMA schema_version").fetchone()  # fails now on a non-database file
-        return conn
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open database {p}: {exc}") from exc
+    try:
+        conn.execute("PRAGMA schema_version").fetchone()  # fails now on a non-database file
+    except (sqlite3.Error, UnicodeDecodeError) as exc:
+        conn.close()
+        raise StoreError(f"cannot open database {p}: {_why(exc)}") from exc
+    return conn
+
+
+def _why(exc: BaseException) -> str:
+    """One line for an error met while opening: sqlite's message, or what a decoding error
+    means (a damaged schema: sqlite_master holds text that is not UTF-8)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"database disk image is malformed (its schema is not valid UTF-8: {exc})"
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def lock_path(database: str | Path) -> Path:
+    """The lock file of a database's single writer: `<database>.lock`, beside it."""
+    p = Path(database)
+    return p.with_name(p.name + ".lock")
+
+
+# The writer locks this process holds, by the lock file's (st_dev, st_ino): fd and how many
+# Stores share it. flock conflicts between two open()s even in one process; the lock is meant
+# to keep a second *process* out, so the Stores of one process share it (tests reopen a
+# database to simulate a restart while the first Store is still open).
+_held_locks: dict[tuple[int, int], list[int]] = {}
+_held_locks_guard = threading.Lock()
+
+
+class _WriterLock:
+    """The exclusive flock on `<database>.lock` that a Store holds for its lifetime, shared by
+    the Stores of this process (module doc)."""
+
+    def __init__(self, database: Path) -> None:
+        path = lock_path(database)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            st = os.fstat(fd)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot lock database {database}: {path}: {exc.strerror or exc}"
+            ) from None
+        self._key: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        with _held_locks_guard:
+            held = _held_locks.get(self._key)
+            if held is not None:  # this process holds it already: share it
+                os.close(fd)
+                held[1] += 1
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = _lock_holder(fd)
+                os.close(fd)
+                self._key = None
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise StoreError(
+                        f"database {database} is in use by another specpilot ({holder})"
+                    ) from None
+                raise StoreError(
+                    f"cannot lock database {database}: {path}: {exc.strerror or exc}"
+                ) from None
+            with suppress(OSError):  # the pid is informative only; the lock is what counts
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            _held_locks[self._key] = [fd, 1]
+
+    def release(self) -> None:
+        """Drop this Store's share; the last one closes the file, which drops the flock
+        (idempotent)."""
+        key, self._key = self._key, None
+        if key is None:
+            return
+        with _held_locks_guard:
+            held = _held_locks.get(key)
+            if held is None:
+                return
+            held[1] -= 1
+            if held[1] > 0:
+                return
+            del _held_locks[key]
+            fd = held[0]
+            with suppress(OSError):
+                os.ftruncate(fd, 0)  # no stale pid for the next reader of the file
+            os.close(fd)
+
+
+def _lock_holder(fd: int) -> str:
+    """'pid N' from a held lock file ('pid unknown' when it is still empty or unreadable)."""
+    try:
+        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+    except OSError:
+        text = ""
+    return f"pid {int(text)}" if text.isdigit() else "pid unknown"
 
 
 class Reader(_Reads):
@@ -396,41 +507,83 @@ class Reader(_Reads):
 
 class Store(_Reads):
     """The single writer. Open once per daemon; every write is one transaction (or part of the
-    caller's `batch()`), so a restart never loses a committed row."""
+    caller's `batch()`), so a restart never loses a committed row. Holds the database's writer
+    lock from open to `close()`; opening raises StoreError (one line, naming the database) for
+    a database that cannot be used or that another process writes (module doc)."""
 
     def __init__(self, path: str | Path, *, retention: RetentionPolicy | None = None) -> None:
         self.path = Path(path)
         self.retention = retention or RetentionPolicy()
         self._lock = threading.RLock()
-        conn = _connect(self.path, readonly=False)
-        self.db = Database(conn)
         try:
-            if not self.db.table_names():
-                # Must precede the first table: lets retention hand freed pages back to the OS.
-                self.db.execute("PRAGMA auto_vacuum = INCREMENTAL")
-            self.db.enable_wal()
-            self.db.execute("PRAGMA synchronous = NORMAL")
-            self.db.execute("PRAGMA foreign_keys = ON")
-            applied = {m.name for m in schema.migrations.applied(self.db)}
-            unknown = applied - schema.known_migrations()
-            if unknown:
-                raise StoreError(
-                    f"database {self.path} was written by a newer specpilot "
-                    f"(unknown migrations: {', '.join(sorted(unknown))})"
-                )
-            schema.migrations.apply(self.db)
-        except sqlite3.Error as exc:
-            self.db.close()
-            raise StoreError(f"cannot prepare database {self.path}: {exc}") from exc
-        except StoreError:
-            self.db.close()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot open database {self.path}: cannot create {self.path.parent}: "
+                f"{exc.strerror or exc}"
+            ) from None
+        # Before the first byte is read: a second writer must not migrate, repair or write.
+        self._writer_lock = _WriterLock(self.path)
+        try:
+            self.db = Database(_connect(self.path, readonly=False))
+        except BaseException:
+            self._writer_lock.release()
             raise
+        try:
+            self._prepare()
+        except (sqlite3.Error, UnicodeDecodeError) as exc:
+            self._close_all()
+            raise StoreError(f"cannot prepare database {self.path}: {_why(exc)}") from exc
+        except BaseException:
+            self._close_all()
+            raise
+
+    def _prepare(self) -> None:
+        """Pragmas, the newer-schema check, migrations and the write probe (all at open)."""
+        if not self.db.table_names():
+            # Must precede the first table: lets retention hand freed pages back to the OS.
+            self.db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        self.db.enable_wal()
+        self.db.execute("PRAGMA synchronous = NORMAL")
+        self.db.execute("PRAGMA foreign_keys = ON")
+        applied = {m.name for m in schema.migrations.applied(self.db)}
+        unknown = applied - schema.known_migrations()
+        if unknown:
+            raise StoreError(
+                f"database {self.path} was written by a newer specpilot "
+                f"(unknown migrations: {', '.join(sorted(unknown))})"
+            )
+        schema.migrations.apply(self.db)
+        self._write_probe()
+
+    def _write_probe(self) -> None:
+        """A read-only file (mode 444 for this user, chattr +i, a read-only mount) opens and
+        reads; only its first write would fail, then every tick's. Write page 1 (the header's
+        user_version, set to what it is) in a transaction rolled back: it fails now if the file
+        cannot be written, and changes nothing. BEGIN IMMEDIATE alone succeeds in WAL mode."""
+        conn = self.db.conn
+        try:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(f"PRAGMA user_version = {version}")
+            finally:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write database {self.path}: {_why(exc)}") from exc
+
+    def _close_all(self) -> None:
+        try:
+            self.db.close()
+        finally:
+            self._writer_lock.release()
 
     # -- lifecycle
 
     def close(self) -> None:
+        """Close the connection and release the writer lock (idempotent)."""
         with self._lock:
-            self.db.close()
+            self._close_all()
 
     def __enter__(self) -> Store:
         return self

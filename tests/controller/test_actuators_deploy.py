@@ -94,6 +94,14 @@ def test_specpilot_unit_directives() -> None:
     minutes = re.fullmatch(r"(\d+)min", start)
     assert minutes is not None, start
     assert int(minutes.group(1)) * 60 > ServerSettings().start_timeout_s
+    # A stop lets a switch in flight finish: drain, stop and a start of the new server.
+    (stop,) = d["TimeoutStopSec"]
+    minutes = re.fullmatch(r"(\d+)min", stop)
+    srv = ServerSettings()
+    assert minutes is not None, stop
+    assert int(minutes.group(1)) * 60 > (
+        srv.drain_timeout_s + srv.stop_timeout_s + srv.start_timeout_s
+    )
     assert d["NoNewPrivileges"] == ["yes"]
     assert not [k for k in GPU_BREAKING if k in d]
 

@@ -2,12 +2,16 @@
 server: the API token is resolved and the API socket bound before the controller's start-up
 touches a server, so a daemon that cannot serve (its API address in use, e.g. by a daemon
 already running; a host that is not one; a bad api.token_file) neither adopts, starts nor stops
-a server; and a start-up that fails never stops the server it adopted."""
+a server; and a start-up that fails never stops the server it adopted. The database comes
+before all of that: a bad one (damaged, newer, read-only) or one another daemon writes exits 1
+with one line naming it, touching no server."""
 
 from __future__ import annotations
 
 import logging
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,10 @@ from controller import daemon as daemon_mod
 from controller.daemon import ApiBindError, build, run_daemon, serve
 from controller.loop import Controller
 from controller.settings import EXIT_CONFIG, ConfigError
+from store import Reader
+from store.db import lock_path
 from tests.controller.daemon_support import config, settings, write_config
+from tests.store.test_open import BAD, HOLDER
 
 
 @pytest.fixture
@@ -96,10 +103,12 @@ async def test_failed_startup_never_stops_the_server_it_adopted(
     assert touches.calls == ["startup"]  # no shutdown: the server was never this daemon's
 
 
-def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **api: Any) -> tuple[int, Touches]:
+def _run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, startup_error: str | None = None, **api: Any
+) -> tuple[int, Touches]:
     monkeypatch.setattr(daemon_mod, "setup_logging", lambda level: None)  # pytest's handlers
     monkeypatch.delenv("SPECPILOT_API_TOKEN", raising=False)
-    touches = Touches(monkeypatch)
+    touches = Touches(monkeypatch, startup_error)
     cfg = write_config(tmp_path / "config.toml", config(tmp_path, api={"enabled": True, **api}))
     return run_daemon(cfg), touches
 
@@ -140,3 +149,83 @@ def test_run_with_bad_token_file_exits_78_naming_file_key_and_problem(
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"specpilot: {tmp_path / 'config.toml'}: api.token_file {tok}: ")
     assert problem in err and "\n" not in err and "Traceback" not in err
+
+
+# -- the database: a bad file or a second daemon exits 1 with one line, before the server
+
+# A start-up that got as far as the server fails (recorded in Touches.calls) instead of running.
+REACHED_THE_SERVER = "reached the server's start-up"
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_run_with_a_bad_database_exits_1_with_one_line_touching_no_server(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    case: str,
+) -> None:
+    db = tmp_path / "specpilot.db"
+    make, problem = BAD[case]
+    make(db)
+    caplog.set_level(logging.INFO)
+    rc, touches = _run(tmp_path, monkeypatch, REACHED_THE_SERVER, port=0)
+    assert rc == 1 and touches.calls == []
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is None, errors
+    msg = errors[0].getMessage()
+    assert str(db) in msg and problem in msg and "\n" not in msg, msg
+
+
+def test_a_second_daemon_on_the_same_database_exits_1_touching_no_server(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A daemon already runs on this database (its own API port): the second one must not
+    settle its open switch or adopt its server; it says who holds the database."""
+    db = tmp_path / "specpilot.db"
+    first = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(db)],
+        cwd=Path(__file__).resolve().parents[2],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "ready"
+        caplog.set_level(logging.INFO)
+        rc, touches = _run(tmp_path, monkeypatch, REACHED_THE_SERVER, port=0)
+        assert rc == 1 and touches.calls == []
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and errors[0].exc_info is None, errors
+        assert errors[0].getMessage() == (
+            f"database {db} is in use by another specpilot (pid {first.pid})"
+        )
+        with Reader(db) as r:  # the first daemon's history is as it wrote it
+            assert r.load_state("holder") == {"v": 1}
+            assert r.switches() == [] and r.recent_decisions() == []
+    finally:
+        first.kill()
+        first.wait(10)
+
+
+async def test_a_build_that_fails_releases_the_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_actuator(*_: Any) -> Any:
+        raise ConfigError("server.actuator: no such actuator")
+
+    monkeypatch.setattr(daemon_mod, "make_actuator", no_actuator)
+    s = settings(config(tmp_path))
+    with pytest.raises(ConfigError):
+        await build(s)
+    db = Path(s.controller.database)
+    assert lock_path(db).read_bytes() == b""  # released: another process may open it now
+    code = "import sys; from store import Store; Store(sys.argv[1]).close()"
+    probe = subprocess.run(
+        [sys.executable, "-c", code, str(db)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+    )
+    assert probe.returncode == 0, probe.stderr
