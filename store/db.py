@@ -10,15 +10,14 @@ not make policy decisions (it stores what the policy decided).
 Durability: WAL with synchronous=NORMAL. Every committed write survives a crash or restart of
 the process; a power loss may drop the last transactions (not corrupt the file).
 
-One writer per database: `Store` takes an exclusive advisory lock (fcntl.flock) on the lock
-file `<database>.lock` beside the database before it opens it, holds it until `close()` (or the
-process ends: the kernel drops it, so a killed daemon never leaves a stale lock) and writes its
-pid in it. A `Store` on the same database in another process (a second daemon) is refused at
-once with StoreError "database X is in use by another specpilot (pid N)" before the database is
-even read; the Stores of one process share the lock. Readers (`Reader`: the API's read
-connection, `specpilot history/export/report`) take no lock and are never blocked. The lock file
-is left in place on close (removing it would race with a writer opening it); its content is
-only informative.
+One writer per database: `Store` takes an exclusive lock (filelock's FileLock: flock on POSIX)
+on the lock file `<database>.lock` beside the database before it opens it, holds it until
+`close()` (or the process ends: the kernel drops it, so a killed daemon never leaves a stale
+lock) and writes its pid in it. A `Store` on the same database in another process (a second
+daemon) is refused at once with StoreError "database X is in use by another specpilot (pid N)"
+before the database is even read; the Stores of one process share the lock. Readers (`Reader`:
+the API's read connection, `specpilot history/export/report`) take no lock and are never
+blocked. The lock file is left in place on close; its content is only informative.
 
 Opening fails with one-line StoreError naming the database for every problem found at open: a
 path that is a directory, a file that is not (or no longer) a database, one written by a newer
@@ -30,8 +29,6 @@ every later write that fails.
 from __future__ import annotations
 
 import dataclasses
-import errno
-import fcntl
 import json
 import math
 import os
@@ -43,6 +40,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
 from sqlite_utils import Database
 
 from policies.types import (
@@ -413,79 +411,50 @@ def lock_path(database: str | Path) -> Path:
     return p.with_name(p.name + ".lock")
 
 
-# The writer locks this process holds, by the lock file's (st_dev, st_ino): fd and how many
-# Stores share it. flock conflicts between two open()s even in one process; the lock is meant
-# to keep a second *process* out, so the Stores of one process share it (tests reopen a
-# database to simulate a restart while the first Store is still open).
-_held_locks: dict[tuple[int, int], list[int]] = {}
-_held_locks_guard = threading.Lock()
+def _write_pid(fd: int) -> None:
+    """The holder's pid into the lock file it just locked (informative only: the lock is what
+    counts; a contender's open leaves it in place)."""
+    with suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+def _lock_holder(path: Path) -> str:
+    """'pid N' from a held lock file ('pid unknown' when it is empty or unreadable)."""
+    try:
+        text = path.read_text(encoding="ascii", errors="replace").strip()
+    except OSError:
+        text = ""
+    return f"pid {int(text)}" if text.isdigit() else "pid unknown"
 
 
 class _WriterLock:
-    """The exclusive flock on `<database>.lock` that a Store holds for its lifetime, shared by
-    the Stores of this process (module doc)."""
+    """The exclusive lock on `<database>.lock` a Store holds for its lifetime (filelock's
+    FileLock: flock on POSIX, dropped by the kernel when the process dies; one lock object per
+    path in this process, reentrant, so the Stores of one process share it: module doc)."""
 
     def __init__(self, database: Path) -> None:
         path = lock_path(database)
+        self._lock = FileLock(
+            path, timeout=0, thread_local=False, is_singleton=True, on_acquired=_write_pid
+        )
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            st = os.fstat(fd)
+            self._lock.acquire()
+        except Timeout:
+            raise StoreError(
+                f"database {database} is in use by another specpilot ({_lock_holder(path)})"
+            ) from None
         except OSError as exc:
             raise StoreError(
                 f"cannot lock database {database}: {path}: {exc.strerror or exc}"
             ) from None
-        self._key: tuple[int, int] | None = (st.st_dev, st.st_ino)
-        with _held_locks_guard:
-            held = _held_locks.get(self._key)
-            if held is not None:  # this process holds it already: share it
-                os.close(fd)
-                held[1] += 1
-                return
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                holder = _lock_holder(fd)
-                os.close(fd)
-                self._key = None
-                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise StoreError(
-                        f"database {database} is in use by another specpilot ({holder})"
-                    ) from None
-                raise StoreError(
-                    f"cannot lock database {database}: {path}: {exc.strerror or exc}"
-                ) from None
-            with suppress(OSError):  # the pid is informative only; the lock is what counts
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            _held_locks[self._key] = [fd, 1]
+        self._held = True
 
     def release(self) -> None:
-        """Drop this Store's share; the last one closes the file, which drops the flock
-        (idempotent)."""
-        key, self._key = self._key, None
-        if key is None:
-            return
-        with _held_locks_guard:
-            held = _held_locks.get(key)
-            if held is None:
-                return
-            held[1] -= 1
-            if held[1] > 0:
-                return
-            del _held_locks[key]
-            fd = held[0]
-            with suppress(OSError):
-                os.ftruncate(fd, 0)  # no stale pid for the next reader of the file
-            os.close(fd)
-
-
-def _lock_holder(fd: int) -> str:
-    """'pid N' from a held lock file ('pid unknown' when it is still empty or unreadable)."""
-    try:
-        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-    except OSError:
-        text = ""
-    return f"pid {int(text)}" if text.isdigit() else "pid unknown"
+        """Drop this Store's share of the lock (idempotent); the last one unlocks the file."""
+        if self._held:
+            self._held = False
+            self._lock.release()
 
 
 class Reader(_Reads):

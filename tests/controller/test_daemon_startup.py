@@ -23,7 +23,6 @@ from controller.daemon import ApiBindError, build, run_daemon, serve
 from controller.loop import Controller
 from controller.settings import EXIT_CONFIG, ConfigError
 from store import Reader
-from store.db import lock_path
 from tests.controller.daemon_support import config, settings, write_config
 from tests.store.test_open import BAD, HOLDER
 
@@ -220,7 +219,7 @@ async def test_a_build_that_fails_releases_the_database(
     with pytest.raises(ConfigError):
         await build(s)
     db = Path(s.controller.database)
-    assert lock_path(db).read_bytes() == b""  # released: another process may open it now
+    # Released: another process may open it now.
     code = "import sys; from store import Store; Store(sys.argv[1]).close()"
     probe = subprocess.run(
         [sys.executable, "-c", code, str(db)],
