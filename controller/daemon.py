@@ -194,7 +194,8 @@ async def serve(
     """Run until SIGTERM/SIGINT (or `stop`). Returns the exit code.
 
     The API token and socket come first (ConfigError, ApiBindError: nothing was touched), then
-    the controller's start-up (adopts or starts the server). The tick in progress when the stop
+    the controller's start-up (adopts or starts the server; a stop during it cancels it and
+    returns 0 at once, not after a cold start of the server). The tick in progress when the stop
     comes finishes (a switch in flight runs to its end and is recorded); STOPPING=1 goes out at
     once. The server is stopped only with owns_server, in active mode, and only once the
     start-up finished: a start-up that fails leaves an adopted server running (another daemon's,
@@ -240,7 +241,9 @@ async def serve(
             )
             daemon.api_server = EmbeddedServer(config)
 
-        await ctl.startup()
+        if not await _started(ctl, stop):
+            log.info("stop requested during start-up: stopping before the server is ready")
+            return 0
         owned = True
         ready_sent = False
         last_tick = [ctl.clock.monotonic()]
@@ -299,6 +302,29 @@ async def serve(
                 loop.remove_signal_handler(sig)
         log.info("stopped")
     return 0
+
+
+async def _started(ctl: Controller, stop: asyncio.Event) -> bool:
+    """The controller's start-up, or a stop that comes first: a start-up that launches SGLang
+    waits for its cold start (up to start_timeout_s, 15 minutes by default), and a SIGTERM
+    then must not wait that long (systemd's TimeoutStopSec would kill everything anyway).
+    False: the stop won and the start-up was cancelled (its open start row is closed as
+    interrupted by the next controller, which adopts or waits for the server it finds).
+    The start-up's own errors propagate."""
+    startup = asyncio.ensure_future(ctl.startup())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({startup, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not startup.done():
+            startup.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await startup
+    if startup.cancelled():
+        return False
+    startup.result()
+    return True
 
 
 def reload_config(daemon: Daemon, *, ready: bool = True) -> bool:

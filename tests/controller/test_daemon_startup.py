@@ -8,6 +8,7 @@ with one line naming it, touching no server."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import subprocess
@@ -100,6 +101,35 @@ async def test_failed_startup_never_stops_the_server_it_adopted(
     with pytest.raises(RuntimeError, match="boom after adopting"):
         await serve(d, install_signals=False)
     assert touches.calls == ["startup"]  # no shutdown: the server was never this daemon's
+
+
+async def test_a_stop_during_start_up_does_not_wait_for_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM while the start-up waits for a cold start (up to start_timeout_s, 15 minutes by
+    default) stops at once: the start-up is cancelled and no server is stopped (it was not yet
+    this daemon's; the next one adopts it)."""
+    touches = Touches(monkeypatch)
+    loading = asyncio.Event()
+
+    async def startup(ctl: Controller) -> None:
+        touches.calls.append("startup")
+        loading.set()
+        try:
+            await asyncio.Event().wait()  # a server that takes forever to be ready
+        except asyncio.CancelledError:
+            touches.calls.append("cancelled")
+            raise
+
+    monkeypatch.setattr(Controller, "startup", startup)
+    d = await build(settings(config(tmp_path, api={"enabled": True, "port": 0})))
+    touches.watch(d.controller)
+    stop = asyncio.Event()
+    served = asyncio.create_task(serve(d, stop=stop, install_signals=False))
+    await asyncio.wait_for(loading.wait(), 5)
+    stop.set()
+    assert await asyncio.wait_for(served, 5) == 0
+    assert touches.calls == ["startup", "cancelled"]  # no shutdown
 
 
 def _run(
