@@ -1342,13 +1342,23 @@ class Controller:
         an operator switch in flight runs to its end: wait_for_operator_switch)."""
         if on_tick is not None:
             self._on_tick.append(on_tick)
+        failing: tuple[str, int] | None = None  # the failure repeating tick after tick, and count
         while not stop.is_set():
             interval = self.settings.controller.poll_interval_s  # a reload may change it
             started = self.clock.monotonic()
             try:
                 await self.tick()
-            except Exception:  # a bug in one tick must not kill the daemon; it is logged loudly
-                log.exception("tick failed")
+                failing = None
+            except Exception as e:  # a bug in one tick must not kill the daemon: logged loudly,
+                # with its traceback once; the same failure again (a full disk, every tick) is one
+                # line each, not a journal of identical tracebacks.
+                what = f"{type(e).__name__}: {e}"
+                if failing is not None and failing[0] == what:
+                    failing = (what, failing[1] + 1)
+                    log.error("tick failed again (%d in a row): %s", failing[1], what)
+                else:
+                    failing = (what, 1)
+                    log.exception("tick failed")
             elapsed = self.clock.monotonic() - started
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
