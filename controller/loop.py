@@ -703,8 +703,10 @@ class Controller:
                 from_profile, d.profile, d.reason.value, self.clock.now(), decision_id
             )
             rec["switch_id"] = sid
-            if d.reason in (Reason.SWITCH_PREDICTED_GAIN, Reason.SWITCH_MANUAL):
-                # The trial exists from the decision on; it runs once the profile serves.
+            if not start and d.reason in (Reason.SWITCH_PREDICTED_GAIN, Reason.SWITCH_MANUAL):
+                # The trial exists from the decision on; it runs once the profile serves. A
+                # start (nothing served before it) is no trial: nothing would ever judge it,
+                # and its row stayed "pending" for good.
                 self.store.record_trial(
                     sid,
                     "pending",

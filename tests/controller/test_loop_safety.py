@@ -20,6 +20,7 @@ from controller.settings import settings_from_dict
 from policies.types import Action, Mode, Reason
 from store import Reader, Store
 from tests.controller.daemon_support import ALL_PROFILES
+from tests.controller.ops_support import make_rig
 
 
 class ScriptedActuator:
@@ -181,6 +182,28 @@ async def test_a_switch_is_recorded_before_the_actuator_runs(make: Any) -> None:
     with Reader(c.settings.controller.database) as r:
         assert r.open_switch() is None
         assert r.switches(limit=1)[0]["outcome"] == "ok"
+
+
+async def test_the_start_is_recorded_as_a_switch_but_not_as_a_trial(tmp_path: Path) -> None:
+    """The launch at start-up (from nothing) is a switch row, and no trial: nothing would ever
+    judge it, and its trial row stayed "pending" for good. A one-off switch later has one."""
+    rig = await make_rig(tmp_path)
+    c = rig.controller
+    try:
+        assert rig.actuator.calls == [("start", "baseline")]
+        (start,) = rig.store.switches()
+        assert start["from_profile"] is None and start["outcome"] == "ok"
+        assert rig.store.trials(start["id"]) == []
+        await rig.ticks(3)
+        c.start_manual_switch("eagle3-2step", "now", "test")
+        assert c._manual is not None
+        await c._manual
+        switch = rig.store.switches(limit=1)[0]
+        assert switch["to_profile"] == "eagle3-2step"
+        states = [t["state"] for t in rig.store.trials(switch["id"])]  # newest first
+        assert states and states[-1] == "pending"
+    finally:
+        await rig.close()
 
 
 async def test_advisory_mode_never_calls_the_actuator(make: Any) -> None:
