@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from controller.settings import EXIT_CONFIG, ConfigError, load_settings
+from controller.settings import EXIT_CONFIG, ConfigError, decode_problem, load_settings
 from store import EXPORTABLE_TABLES, Reader, StoreError
 
 app = typer.Typer(
@@ -861,8 +861,7 @@ def scrape(
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise _fail(
-                f"{file}: not UTF-8 text, so not a Prometheus exposition "
-                f"(byte {e.start}: {e.reason})"
+                f"{file}: not UTF-8 text, so not a Prometheus exposition ({decode_problem(e)})"
             ) from None
     else:
         assert url is not None

@@ -514,6 +514,10 @@ class Controller:
         """An operator switch or a trial abort's rollback (the `_manual` task) is running."""
         return self._manual is not None and not self._manual.done()
 
+    def _switching(self) -> bool:
+        """A switch is in flight: the loop's own (the funnel) or the operator's task."""
+        return self.funnel.busy or self._manual_in_flight()
+
     def _switch_in_flight_tick(self, now: float, t_real: float) -> Decision:
         """A tick while the operator's switch task runs: like the ticks the loop's own switch
         holds back, it scrapes, probes, decides and records nothing (the server is being
@@ -526,10 +530,7 @@ class Controller:
             Reason.HOLD_COOLDOWN,
             {"switch_in_flight": True},
         )
-        self.metrics.tick_seconds.observe(time.perf_counter() - t_real)
-        for cb in self._on_tick:
-            cb(self)
-        return d
+        return self._after_tick(d, t_real)
 
     def _refresh_predictions(self) -> None:
         """What every profile is predicted to deliver, as decide sees it (the configured
@@ -635,6 +636,11 @@ class Controller:
             self._save_loop_state()
         self.maybe_apply_retention(now)
         self._remember(decision)
+        return self._after_tick(decision, t_real)
+
+    def _after_tick(self, decision: Decision, t_real: float) -> Decision:
+        """Every tick's end, a held one's too: its duration, then the daemon's callbacks
+        (watchdog, status, a SIGHUP reload)."""
         self.metrics.tick_seconds.observe(time.perf_counter() - t_real)
         for cb in self._on_tick:
             cb(self)
@@ -918,7 +924,7 @@ class Controller:
             return None
         if self.running is not None:
             alive = await self.actuator.alive()
-            if self.funnel.busy or self._manual_in_flight():
+            if self._switching():
                 return None  # an operator switch began meanwhile: it stops this server
             if alive:
                 max_s = self.settings.server.crash_backoff_max_s
@@ -1150,7 +1156,7 @@ class Controller:
         trial = self.state.trial
         if trial is None:
             return False
-        if self.funnel.busy or (self._manual is not None and not self._manual.done()):
+        if self._switching():
             raise ConflictError("a switch is in flight")
         now = self.clock.now()
         self.store.record_override(
@@ -1174,7 +1180,7 @@ class Controller:
         ends it first: a switch under it would leave it unjudged) and into the profile that
         already runs (a restart for nothing)."""
         self._check_profile(profile)
-        if self.funnel.busy or (self._manual is not None and not self._manual.done()):
+        if self._switching():
             raise ConflictError("a switch is in flight")
         trial = self.state.trial if self.state is not None else None
         if trial is not None:

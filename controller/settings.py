@@ -14,9 +14,10 @@ import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -53,6 +54,10 @@ def _host(v: str) -> str:
     if not v.strip():
         raise ValueError("must not be empty: name an address (127.0.0.1 for loopback)")
     return v
+
+
+# An address to bind or reach: never empty (an empty [api] host bound every interface).
+Host = Annotated[str, AfterValidator(_host)]
 
 
 class ControllerSettings(_Frozen):
@@ -94,17 +99,12 @@ class ApiSettings(_Frozen):
     """[api]: the REST API and the controller's own /metrics."""
 
     enabled: bool = True
-    host: str = Field("127.0.0.1", description="Bind address; loopback by default.")
+    host: Host = Field("127.0.0.1", description="Bind address; loopback by default.")
     port: int = Field(8471, ge=0, le=65535, description="0 picks a free port.")
     token: str = Field("", description="Write endpoints' bearer token.")
     token_file: str = Field(
         "", description="File whose first line is the token (not with api.token)."
     )
-
-    @field_validator("host")
-    @classmethod
-    def _host_set(cls, v: str) -> str:
-        return _host(v)
 
     @model_validator(mode="after")
     def _one_token_source(self) -> ApiSettings:
@@ -124,7 +124,7 @@ class ServerSettings(_Frozen):
         description="process: specpilot runs the server as its child; systemd: a unit of its own; "
         "command: user-given switch/status commands.",
     )
-    host: str = "127.0.0.1"
+    host: Host = "127.0.0.1"
     port: int = Field(30000, ge=1, le=65535)
     launch: list[str] = Field(
         default_factory=lambda: ["{python}", "-m", "simulator"],
@@ -177,11 +177,6 @@ class ServerSettings(_Frozen):
     status_command: list[str] = Field(
         default_factory=list, description="command actuator: prints the running profile."
     )
-
-    @field_validator("host")
-    @classmethod
-    def _host_set(cls, v: str) -> str:
-        return _host(v)
 
     @field_validator("launch")
     @classmethod
@@ -374,7 +369,7 @@ def read_token_file(path: str) -> str:
     except OSError as e:
         raise ConfigError(f"{where}: cannot read it: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{where}: not UTF-8 text ({_decode_problem(e)})") from None
+        raise ConfigError(f"{where}: not UTF-8 text ({decode_problem(e)})") from None
     lines = text.splitlines()
     token = lines[0].strip() if lines else ""
     if not token:
@@ -382,7 +377,8 @@ def read_token_file(path: str) -> str:
     return token
 
 
-def _decode_problem(e: UnicodeDecodeError) -> str:
+def decode_problem(e: UnicodeDecodeError) -> str:
+    """Where a file stops being UTF-8, for a one-line error: the byte and its offset."""
     bad = e.object[e.start : e.start + 1]
     return f"byte 0x{bad.hex()} at offset {e.start}" if bad else str(e)
 
@@ -552,7 +548,7 @@ def load_settings(path: str | os.PathLike[str]) -> Settings:
         raise ConfigError(f"{p}: cannot read: {e}") from e
     except UnicodeDecodeError as e:
         raise ConfigError(
-            f"{p}: not UTF-8 text ({_decode_problem(e)}); TOML must be UTF-8"
+            f"{p}: not UTF-8 text ({decode_problem(e)}); TOML must be UTF-8"
         ) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: TOML syntax error: {e}") from e

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from controller.settings import max_running_requests
+from controller.settings import decode_problem, max_running_requests
 from policies.types import ProfileSpec
 from simulator.model import (
     CostScale,
@@ -339,13 +339,21 @@ class Scenario:
 # --------------------------------------------------------------------------------------------
 
 
-def _size_problem(total_s: float, poll_s: float) -> str | None:
-    """What breaks the size limits for a scenario of `total_s` polled every `poll_s`, or None."""
+def _duration_problem(total_s: float) -> str | None:
+    """What is too long about a scenario of `total_s`, or None."""
     if total_s > MAX_SCENARIO_S:
         return (
             f"the scenario would last {total_s / 86400:.4g} days; at most "
             f"{MAX_SCENARIO_S / 86400:g} days (MAX_SCENARIO_S = {MAX_SCENARIO_S:g} s)"
         )
+    return None
+
+
+def _size_problem(total_s: float, poll_s: float) -> str | None:
+    """What breaks the size limits for a scenario of `total_s` polled every `poll_s`, or None."""
+    too_long = _duration_problem(total_s)
+    if too_long is not None:
+        return too_long
     polls = total_s / poll_s
     if polls > MAX_POLLS:
         return (
@@ -500,8 +508,9 @@ def _phases(
         )
     where = "repeat" if repeat > 1 else "phases"
     total_s = repeat * math.fsum(tp["duration"] for tp in templates)
-    if total_s > MAX_SCENARIO_S:
-        raise ScenarioError(source, where, _size_problem(total_s, math.inf) or "too long")
+    too_long = _duration_problem(total_s)
+    if too_long is not None:
+        raise ScenarioError(source, where, too_long)
     n_phases = repeat * sum(tp["steps"] for tp in templates)
     if n_phases > MAX_PHASES:
         raise ScenarioError(
@@ -664,7 +673,7 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(source, "<file>", "not found") from None
     except UnicodeDecodeError as exc:
         raise ScenarioError(
-            source, "<file>", f"not UTF-8 text, so not TOML (byte {exc.start}: {exc.reason})"
+            source, "<file>", f"not UTF-8 text, so not TOML ({decode_problem(exc)})"
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(source, "<file>", f"not valid TOML ({exc})") from exc
