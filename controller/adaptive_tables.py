@@ -59,21 +59,14 @@ def initial_tables(settings: Settings) -> dict[str, dict[str, Any]]:
 def sync(
     settings: Settings, state: Any, store: Any, on_disk: dict[Path, str] | None = None
 ) -> list[str]:
-    """Record the policy's new tables (events) in SQLite (`store`; None, as in fleet mode:
-    logged) and write every managed profile's launch table to its file when it differs.
+    """Write every managed profile's launch table to its file when it differs, then record the
+    policy's new tables (events) in SQLite (`store`; None, as in fleet mode: logged).
     Returns the profiles whose file was written.
     `on_disk` (the caller's, kept across ticks) remembers what each file was last written or
     found to hold, so an unchanged table costs a stat per tick instead of a read."""
     hs = getattr(state, "hybrid", None)
     if hs is None:
         return []
-    for ev in hs.drain_events():
-        if store is None:
-            log.info("adaptive table for %s generated (%s)", ev["profile"], ev.get("reason"))
-            continue
-        store.record_adaptive_table(
-            ev["t_s"], ev["profile"], ev["table"], ev.get("estimates"), ev.get("reason")
-        )
     written = []
     for name, t in hs.tables.items():
         if not t.get("managed") or name not in settings.profiles:
@@ -94,6 +87,14 @@ def sync(
             on_disk[path] = text
         written.append(name)
         log.info("adaptive table for %s written to %s", name, path)
+    # The files first: a launch needs its table even where the history cannot be written.
+    for ev in hs.drain_events():
+        if store is None:
+            log.info("adaptive table for %s generated (%s)", ev["profile"], ev.get("reason"))
+            continue
+        store.record_adaptive_table(
+            ev["t_s"], ev["profile"], ev["table"], ev.get("estimates"), ev.get("reason")
+        )
     return written
 
 

@@ -36,6 +36,12 @@ trial, and the quarantine of a profile that failed to start, `[policy] failed_pr
 - An operator switch (or a trial abort's rollback) runs as a task beside the loop: while it is
   in flight the loop neither scrapes, probes nor decides (as during its own switches), a scrape
   that overlapped a switch's start or end is dropped, and `run` returns only once it ended.
+- The history is written best effort (`_history`): a write that fails (a full disk, a database
+  gone read-only) is counted (specpilot_store_write_errors_total) and logged, the first of a run
+  of failures as an error, and the loop goes on from memory: it keeps observing, deciding, and
+  restarting a crashed server. The one write that is not best effort is the record of a switch
+  away from a serving profile: unrecorded, the switch is not made. An operator's change (pin,
+  pause, mode...) is recorded before it takes effect: the API's 503 means nothing changed.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -73,7 +79,7 @@ from policies.types import (
     Reason,
     Snapshot,
 )
-from store import Store
+from store import Store, StoreError
 
 log = logging.getLogger("specpilot.loop")
 
@@ -88,6 +94,9 @@ RETENTION_EVERY_S = 3600.0  # server time between two Store.apply_retention runs
 # (a switch, a trial, a quarantine, a new adaptive table: `_policy_milestones`) is saved on the
 # tick it happens, and the whole state when the loop stops.
 POLICY_STATE_SAVE_EVERY_S = 60.0
+# The switch id `_actuate` returns for a start that acted but whose switch row could not be
+# written (a full disk): no row has it (SQLite's row ids start at 1).
+UNRECORDED_SWITCH = -1
 # Where the loop saves, beside the overrides row (Store.save_overrides), the config file's mode
 # at the time the row's mode was saved: a mode set through the API survives a restart while the
 # file's mode is unchanged, and an edit of the file's mode wins at the next start.
@@ -164,6 +173,7 @@ class Controller:
         self.restart_plan: tuple[str, Reason, dict[str, Any]] | None = None
         self.start_failures = 0  # consecutive START_FAILED outcomes (start_failure_limit)
         self.scrape_errors = 0  # consecutive failed scrapes (scrape_error_limit)
+        self.store_failures = 0  # history writes failed since the last tick that wrote (_history)
         self.served_since_s: float | None = None  # when the running server last came up
         self.ready = False  # first good scrape done
         self.state: policy.PolicyState | None = None
@@ -436,18 +446,26 @@ class Controller:
         )
         return file_mode
 
-    def _save_overrides(self) -> None:
-        """Save the overrides with the mode and the block as they are now (self.overrides
-        catches up at the next tick), and beside them the config file's mode at this moment
-        (what `_start_mode` compares the file with at the next start); one commit."""
+    def _save_overrides(self, o: Overrides | None = None) -> None:
+        """Save the overrides `o` (default: with the mode and the block as they are now;
+        self.overrides catches up at the next tick), and beside them the config file's mode at
+        this moment (what `_start_mode` compares the file with at the next start); one commit."""
+        if o is None:
+            o = replace(self.overrides, mode=self.mode, blocked_reason=self.funnel.blocked_reason)
         with self.store.batch():
-            self.store.save_overrides(
-                replace(self.overrides, mode=self.mode, blocked_reason=self.funnel.blocked_reason)
-            )
+            self.store.save_overrides(o)
             self.store.save_state(
                 STATE_KEY_MODE_SOURCE,
-                {"mode": self.mode.value, "file_mode": self.settings.controller.mode.value},
+                {"mode": o.mode.value, "file_mode": self.settings.controller.mode.value},
             )
+
+    def _operator_change(self, kind: str, actor: str, new: Overrides, **row: Any) -> None:
+        """An operator's change of the overrides: its audit row and the saved overrides in one
+        commit, then in effect. A StoreError (the API's 503) leaves everything as it was."""
+        with self.store.batch():
+            self.store.record_override(kind, self.clock.now(), actor, **row)
+            self._save_overrides(new)
+        self.overrides = new
 
     def _expire_overrides(self, now: float) -> None:
         o = self.overrides
@@ -463,7 +481,8 @@ class Controller:
         o = replace(o, mode=self.mode, blocked_reason=self.funnel.blocked_reason)
         self.overrides = o
         if changed:
-            self._save_overrides()
+            with self._history("the expired override"):
+                self._save_overrides()
 
     # ----------------------------------------------------------------------------- the tick
     async def tick(self) -> Decision:
@@ -500,14 +519,16 @@ class Controller:
             )
         self._refresh_predictions()
         # Hybrid profiles: the table a launch gets is on disk before any actuation.
-        adaptive_tables.sync(self.settings, self.state, self.store, self._tables_written)
+        with self._history("a new adaptive table"):
+            adaptive_tables.sync(self.settings, self.state, self.store, self._tables_written)
 
         # A switch to the running profile restarts it only to rewrite its adaptive table.
         rewrite = rewrites_table(decision)
         if decision.action is Action.SWITCH and (decision.profile != self.running or rewrite):
             decision = await self._act(decision, now)
         else:
-            self._record_decision(decision, acted=False)
+            with self._history("the decision"):
+                self._record_decision(decision, acted=False)
         return self._end_tick(decision, now, t_real)
 
     def _manual_in_flight(self) -> bool:
@@ -589,7 +610,8 @@ class Controller:
         self.prev = snap
         if obs is not None:
             self.last_obs = obs
-            self.store.record_observation(obs)
+            with self._history("an observation"):
+                self.store.record_observation(obs)
             self.metrics.observe_window(obs)
         return obs, True
 
@@ -630,11 +652,26 @@ class Controller:
 
     def _end_tick(self, decision: Decision, now: float, t_real: float) -> Decision:
         assert self.state is not None
-        with self.store.batch():  # one commit for the tick's closing writes
-            self.store.record_estimates(now, self.predictions)
-            self.save_policy_state(now)
-            self._save_loop_state()
-        self.maybe_apply_retention(now)
+        failures = self.store_failures
+        try:
+            with self.store.batch():  # one commit for the tick's closing writes
+                self.store.record_estimates(now, self.predictions)
+                self.save_policy_state(now)
+                self._save_loop_state()
+        except StoreError as e:
+            self._policy_saved_key = None  # not saved: the next tick tries again
+            self._loop_saved = None
+            self._history_failed("the tick's estimates and state", e)
+        else:
+            if failures:
+                log.warning(
+                    "history writes succeed again, after %d failed: what they carried is "
+                    "missing from the database",
+                    failures,
+                )
+                self.store_failures = 0
+            with self._history("the retention pass"):
+                self.maybe_apply_retention(now)
         self._remember(decision)
         return self._after_tick(decision, t_real)
 
@@ -697,34 +734,53 @@ class Controller:
         """One start or switch through the funnel. The decision (acted) and an open switch row
         are written right before the actuator is called, and the row is finished when it
         returns; a funnel that does not act (advisory, busy, blocked) leaves the decision
-        recorded as not acted and no switch row. Returns the result and the switch's id."""
+        recorded as not acted and no switch row. Returns the result and the switch's id (None: not
+        acted; UNRECORDED_SWITCH: a start that went ahead unrecorded)."""
         from_profile = self.running
         rec: dict[str, int] = {}
         predicted = self._prediction(d.profile)
 
         def on_start() -> None:
             self._epoch += 1  # a scrape in flight now reads a server being stopped
-            decision_id = self._record_decision(d, acted=True)
-            sid = self.store.start_switch(
-                from_profile, d.profile, d.reason.value, self.clock.now(), decision_id
-            )
-            rec["switch_id"] = sid
-            if not start and d.reason in (Reason.SWITCH_PREDICTED_GAIN, Reason.SWITCH_MANUAL):
-                # The trial exists from the decision on; it runs once the profile serves. A
-                # start (nothing served before it) is no trial: nothing would ever judge it,
-                # and its row stayed "pending" for good.
-                self.store.record_trial(
-                    sid,
-                    "pending",
-                    self.clock.now(),
-                    predicted_tok_s=predicted.mean if predicted else None,
+            rec["acted"] = 1
+            # A start (nothing serves) goes ahead unrecorded; a switch does not (module doc).
+            with self._history(f"the start of {d.profile}", active=start):
+                record()
+
+        def record() -> None:  # one commit: the decision, the open switch and its trial
+            with self.store.batch():
+                decision_id = self._record_decision(d, acted=True)
+                sid = self.store.start_switch(
+                    from_profile, d.profile, d.reason.value, self.clock.now(), decision_id
                 )
+                if not start and d.reason in (Reason.SWITCH_PREDICTED_GAIN, Reason.SWITCH_MANUAL):
+                    # The trial exists from the decision on; it runs once the profile serves. A
+                    # start (nothing served before it) is no trial: nothing would ever judge
+                    # it, and its row stayed "pending" for good.
+                    self.store.record_trial(
+                        sid,
+                        "pending",
+                        self.clock.now(),
+                        predicted_tok_s=predicted.mean if predicted else None,
+                    )
+            rec["switch_id"] = sid
 
         funnel_call = self.funnel.start if start else self.funnel.switch
-        result = await funnel_call(d.profile, manual=manual, on_start=on_start)
-        sid = rec.get("switch_id")
-        if sid is None:
-            self._record_decision(d, acted=False)
+        try:
+            result = await funnel_call(d.profile, manual=manual, on_start=on_start)
+        except StoreError as e:  # a switch's record failed: nothing was touched
+            self._history_failed(f"the switch to {d.profile}", e)
+            result = SwitchResult(
+                SwitchOutcome.REFUSED_BUSY,
+                self.running,
+                d.profile,
+                0.0,
+                error=f"the switch could not be recorded, so it was not made ({e})",
+            )
+            rec.clear()
+        if not rec:
+            with self._history("a decision not acted on"):
+                self._record_decision(d, acted=False)
             if result.outcome is SwitchOutcome.SKIPPED_ADVISORY:
                 # The policy keeps its pending switch (it holds, as after a real one, instead of
                 # repeating the advice every tick until the pending switch times out).
@@ -737,13 +793,43 @@ class Controller:
                 log.warning("not acting on %s %s: %s", d.action.value, d.profile, result.error)
             return result, None
         self._epoch += 1  # the server changed hands: scrapes begun during the switch are stale
-        self._finish_switch(sid, result, d.reason)
-        return result, sid
+        sid = rec.get("switch_id")
+        with self._history(f"the end of the switch to {d.profile}"):
+            self._finish_switch(sid, result, d.reason)
+        return result, UNRECORDED_SWITCH if sid is None else sid
 
-    def _finish_switch(self, sid: int, result: SwitchResult, reason: Reason) -> None:
+    @contextlib.contextmanager
+    def _history(self, what: str, *, active: bool = True) -> Iterator[None]:
+        """Best-effort history (module doc): a StoreError inside is counted and logged
+        (`_history_failed`) and the caller goes on. Not `active`: it propagates."""
+        if not active:
+            yield
+            return
+        try:
+            yield
+        except StoreError as e:
+            self._history_failed(what, e)
+
+    def _history_failed(self, what: str, e: StoreError) -> None:
+        """Count a failed history write; the first of a run is an error line, the rest debug
+        (the metric counts them all) until a tick's closing writes succeed again."""
+        self.store_failures += 1
+        self.metrics.store_write_errors.inc()
+        log.log(
+            logging.ERROR if self.store_failures == 1 else logging.DEBUG,
+            "%s was not recorded (%s); the loop goes on from memory (further failures: "
+            "specpilot_store_write_errors_total)",
+            what,
+            e,
+        )
+
+    def _finish_switch(self, sid: int | None, result: SwitchResult, reason: Reason) -> None:
+        """Count the switch and close its row (None: a start whose row could not be written)."""
         self.metrics.switches.labels(reason.value, result.outcome.value).inc()
         if result.outcome is SwitchOutcome.OK:
             self.metrics.downtime.observe(result.downtime_s)
+        if sid is None:
+            return
         if result.outcome in _RECORDABLE:
             outcome, error = result.outcome.value, result.error
         else:
@@ -788,7 +874,8 @@ class Controller:
             self.state.trial = None
             self.running = None
             self.overrides = replace(self.overrides, blocked_reason=self.funnel.blocked_reason)
-            self._save_overrides()
+            with self._history("the block"):
+                self._save_overrides()
             if pending_trial:
                 self._trial_row(switch_id, "inconclusive", {"unknown": result.error})
             log.error("switch outcome unknown: automatic switching stopped: %s", result.error)
@@ -838,7 +925,8 @@ class Controller:
         )
         self.restart_plan = None
         self.overrides = replace(self.overrides, blocked_reason=self.funnel.blocked_reason)
-        self._save_overrides()
+        with self._history("the block"):
+            self._save_overrides()
         log.error("automatic actuation stopped: %s", self.funnel.blocked_reason)
 
     def _trial_row(
@@ -850,13 +938,14 @@ class Controller:
     ) -> None:
         """A trial state at the end of its switch (stamped now, after the switch's own rows)."""
         predicted = (trial or {}).get("predicted") or {}
-        self.store.record_trial(
-            switch_id,
-            state,
-            self.clock.now(),
-            predicted_tok_s=predicted.get("mean"),
-            detail=detail,
-        )
+        with self._history(f"the trial row of switch {switch_id}"):
+            self.store.record_trial(
+                switch_id,
+                state,
+                self.clock.now(),
+                predicted_tok_s=predicted.get("mean"),
+                detail=detail,
+            )
 
     def _finish_trial(
         self, outcome: str, now: float, trial: dict[str, Any], detail: dict[str, Any]
@@ -868,14 +957,15 @@ class Controller:
         log.info("trial of %s: %s %s", trial.get("profile"), outcome, detail)
         if sid is None:
             return
-        self.store.record_trial(
-            sid,
-            outcome,
-            now,
-            predicted_tok_s=(trial.get("predicted") or {}).get("mean"),
-            observed_tok_s=sum(windows) / len(windows) if windows else None,
-            detail={"windows": windows, **detail},
-        )
+        with self._history(f"the end of the trial of {trial.get('profile')}"):
+            self.store.record_trial(
+                sid,
+                outcome,
+                now,
+                predicted_tok_s=(trial.get("predicted") or {}).get("mean"),
+                observed_tok_s=sum(windows) / len(windows) if windows else None,
+                detail={"windows": windows, **detail},
+            )
 
     def _record_trial_end(self, before: dict[str, Any] | None, d: Decision, now: float) -> None:
         """Mirror the policy's trial into the store when it ends."""
@@ -905,7 +995,8 @@ class Controller:
                 f"{f.kind}: {f.subject} moved from {f.before:.4g} to {f.after:.4g}"
                 f"{' ' + f.unit if f.unit else ''}"
             )
-            self.store.record_finding(f.kind, now, msg, subject=f.subject, numbers=f.to_dict())
+            with self._history(f"a finding ({f.kind})"):
+                self.store.record_finding(f.kind, now, msg, subject=f.subject, numbers=f.to_dict())
             self.metrics.findings.labels(f.kind).inc()
             log.warning("finding: %s", msg)
 
@@ -1052,7 +1143,8 @@ class Controller:
                 Reason.HOLD_INSUFFICIENT_DATA,
                 {**diag, "server_down": True, "restart_in_s": self.next_crash_restart_s - now},
             )
-            self._record_decision(d, acted=False)
+            with self._history("the decision"):
+                self._record_decision(d, acted=False)
             return d
         d = Decision(now, Action.SWITCH, target, reason, dict(diag))
         result, sid = await self._actuate(d, start=True)
@@ -1095,60 +1187,48 @@ class Controller:
         if profile not in self.specs:
             raise UnknownProfileError(profile)
 
+    def _current_overrides(self, **changes: Any) -> Overrides:
+        """The overrides as they are now (mode and block included), with `changes`."""
+        now = {"mode": self.mode, "blocked_reason": self.funnel.blocked_reason}
+        return replace(self.overrides, **{**now, **changes})
+
     def pin(self, profile: str, ttl_s: float | None, reason: str, actor: str) -> None:
         self._check_profile(profile)
-        now = self.clock.now()
-        until = None if ttl_s is None else now + ttl_s
-        self.overrides = replace(self.overrides, pin_profile=profile, pin_until_s=until)
-        self.store.record_override(
-            "pin", now, actor, profile=profile, ttl_s=ttl_s, until_s=until, reason=reason
+        until = None if ttl_s is None else self.clock.now() + ttl_s
+        new = self._current_overrides(pin_profile=profile, pin_until_s=until)
+        self._operator_change(
+            "pin", actor, new, profile=profile, ttl_s=ttl_s, until_s=until, reason=reason
         )
-        self._save_overrides()
 
     def unpin(self, reason: str, actor: str) -> None:
-        now = self.clock.now()
-        self.overrides = replace(self.overrides, pin_profile=None, pin_until_s=None)
-        self.store.record_override(
-            "unpin", now, actor, profile=None, ttl_s=None, until_s=None, reason=reason
-        )
-        self._save_overrides()
+        new = self._current_overrides(pin_profile=None, pin_until_s=None)
+        self._operator_change("unpin", actor, new, reason=reason)
 
     def pause(self, ttl_s: float, reason: str, actor: str) -> None:
-        now = self.clock.now()
-        self.overrides = replace(self.overrides, paused_until_s=now + ttl_s)
-        self.store.record_override(
-            "pause", now, actor, profile=None, ttl_s=ttl_s, until_s=now + ttl_s, reason=reason
-        )
-        self._save_overrides()
+        until = self.clock.now() + ttl_s
+        new = self._current_overrides(paused_until_s=until)
+        self._operator_change("pause", actor, new, ttl_s=ttl_s, until_s=until, reason=reason)
 
     def resume(self, reason: str, actor: str) -> None:
-        now = self.clock.now()
-        self.overrides = replace(self.overrides, paused_until_s=None)
-        self.store.record_override(
-            "resume", now, actor, profile=None, ttl_s=None, until_s=None, reason=reason
-        )
-        self._save_overrides()
+        new = self._current_overrides(paused_until_s=None)
+        self._operator_change("resume", actor, new, reason=reason)
 
     def set_mode(self, mode: Mode, reason: str, actor: str) -> None:
-        now = self.clock.now()
+        self._operator_change(
+            "mode", actor, self._current_overrides(mode=mode), mode=mode, reason=reason
+        )
         self.mode = mode
-        self.overrides = replace(self.overrides, mode=mode)
-        self.store.record_override("mode", now, actor, mode=mode, reason=reason)
         self.metrics.set_mode(mode)
-        self._save_overrides()
 
     def clear_block(self, reason: str, actor: str) -> None:
-        now = self.clock.now()
+        self._operator_change(
+            "clear_block", actor, self._current_overrides(blocked_reason=None), reason=reason
+        )
         self.funnel.clear_block()
         # A person looked: starts get a fresh failure count and the next one comes at once.
         self.start_failures = 0
         self.crash_restarts = 0
         self.next_crash_restart_s = 0.0
-        self.overrides = replace(self.overrides, blocked_reason=None)
-        self.store.record_override(
-            "clear_block", now, actor, profile=None, ttl_s=None, until_s=None, reason=reason
-        )
-        self._save_overrides()
 
     def abort_trial(self, reason: str, actor: str) -> bool:
         """Judge the running trial failed now and roll back to the profile before it."""

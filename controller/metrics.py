@@ -159,6 +159,13 @@ class ControllerMetrics:
         self.scrape_errors = Counter(
             "specpilot_scrape_errors", "Failed scrapes of the server.", registry=r
         )
+        self.store_write_errors = Counter(
+            "specpilot_store_write_errors",
+            "History writes that failed (a full disk, a database gone read-only); the loop "
+            "goes on from memory, and a switch away from a serving profile is not made "
+            "unrecorded.",
+            registry=r,
+        )
         self.target_up = Gauge(
             "specpilot_target_up", "1 if the last scrape of the server succeeded.", registry=r
         )

@@ -50,6 +50,7 @@ EXPECTED = {
     "specpilot_switch_in_flight": "gauge",
     "specpilot_trial_running": "gauge",
     "specpilot_scrape_errors": "counter",
+    "specpilot_store_write_errors": "counter",
     "specpilot_target_up": "gauge",
     "specpilot_tick_duration_seconds": "histogram",
     "specpilot_findings": "counter",
