@@ -23,14 +23,15 @@ class Clock(Protocol):
 
 
 class ScaledClock:
-    """Wall clock, optionally accelerated: `now()` starts at the real epoch time and advances
-    `time_scale` seconds per real second; `sleep(s)` sleeps s / time_scale real seconds."""
+    """Wall clock, optionally accelerated: `now()` starts at the real epoch time, or at
+    `not_before_s` when that is later, and advances `time_scale` seconds per real second;
+    `sleep(s)` sleeps s / time_scale real seconds."""
 
-    def __init__(self, time_scale: float = 1.0) -> None:
+    def __init__(self, time_scale: float = 1.0, *, not_before_s: float | None = None) -> None:
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         self.time_scale = time_scale
-        self._wall0 = time.time()
+        self._wall0 = max(time.time(), not_before_s or 0.0)
         self._mono0 = time.monotonic()
 
     def monotonic(self) -> float:

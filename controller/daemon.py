@@ -152,6 +152,19 @@ class Daemon:
         return None
 
 
+def daemon_clock(time_scale: float, store: Store) -> ScaledClock:
+    """The daemon's clock. At time_scale 1 (a real server) it is the wall clock. Accelerated (a
+    simulator), it starts no earlier than where the database's history ends: the last run wrote
+    up to (time_scale - 1) x its length ahead of the wall clock, and a restart at the wall clock
+    would date its rows before the last run's and put the policy's saved times (its last
+    switch, its dwell, its quarantines) in the future."""
+    if time_scale == 1.0:
+        return ScaledClock()
+    clock = ScaledClock(time_scale, not_before_s=store.latest_time_s())
+    log.info("accelerated clock (x%g) starts at %.0f", time_scale, clock.now())
+    return clock
+
+
 async def build(
     settings: Settings,
     *,
@@ -161,9 +174,9 @@ async def build(
 ) -> Daemon:
     """Open the store (StoreError: the database cannot be used, or another specpilot writes it;
     nothing else was made) and wire the daemon's pieces; touches no server."""
-    clock = clock or ScaledClock(settings.controller.time_scale)
     store = Store(db_path or database_path(settings))
     try:
+        clock = clock or daemon_clock(settings.controller.time_scale, store)
         client = httpx.AsyncClient(timeout=settings.controller.scrape_timeout_s, trust_env=False)
         try:
             actuator = make_actuator(settings, clock, client)

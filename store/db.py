@@ -201,6 +201,26 @@ class _Reads:
             params.append(float(until_s))
         return (" WHERE " + " AND ".join(where) if where else ""), params
 
+    def latest_time_s(self) -> float | None:
+        """The latest time any row or saved state carries (None: an empty history)."""
+        cols = (
+            ("observations", "t_s"),
+            ("observations_hourly", "hour_s"),
+            ("estimates", "t_s"),
+            ("decisions", "t_s"),
+            ("switches", "started_s"),
+            ("switches", "ended_s"),
+            ("trials", "t_s"),
+            ("overrides", "created_s"),
+            ("findings", "t_s"),
+            ("state", "updated_s"),
+            ("adaptive_tables", "t_s"),
+        )
+        sql = " UNION ALL ".join(f"SELECT MAX({c}) AS t FROM {t}" for t, c in cols)
+        rows = self._rows(f"SELECT MAX(t) AS t FROM ({sql})")
+        t = rows[0]["t"] if rows else None
+        return None if t is None else float(t)
+
     def recent_decisions(self, limit: int = 100, since_s: float | None = None) -> list[dict]:
         where, params = self._since("t_s", since_s)
         return self._rows(
