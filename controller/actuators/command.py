@@ -161,14 +161,14 @@ class CommandActuator:
         argv = expand(self.server.switch_command, placeholder_values(self.settings, profile))
         budget = self.server.stop_timeout_s + self.server.start_timeout_s
         r = await run_command(argv, self.clock, budget, env=self.command_env(profile))
-        if r.returncode is None:
-            # Killed at the deadline, or never ran: what the orchestrator did is not known.
-            outcome = SwitchOutcome.START_FAILED if r.error else SwitchOutcome.UNKNOWN
-            return result(outcome, r.describe())
         if not r.ok:
-            # The orchestrator refused: the old server (if any) was not replaced; let it serve.
+            # The orchestrator refused, never ran, or was killed at the deadline: the old server
+            # (if any) may still be there, paused by the drain; let it serve.
             if paused:
                 await self.endpoint.resume()
+            if r.returncode is None and not r.error:
+                # Killed at the deadline: what the orchestrator did is not known.
+                return result(SwitchOutcome.UNKNOWN, r.describe())
             return result(SwitchOutcome.START_FAILED, r.describe())
         self._last_profile = profile
 
@@ -186,6 +186,10 @@ class CommandActuator:
             accept,  # the command's own run counts against the budget
         )
         if wait.status != "ready":
+            # The orchestrator kept the old server (paused by the drain), or is still rolling
+            # out: resuming is harmless when the old one is gone, and lets it serve if not.
+            if paused:
+                await self.endpoint.resume()
             why = f"not ready as {profile!r} within {budget:g} s of the switch command"
             return result(
                 SwitchOutcome.START_FAILED, f"{why}: {wait.detail}" if wait.detail else why

@@ -88,6 +88,18 @@ class Endpoint:
         self.clock = clock
         self.base_url = f"http://{host}:{port}"
 
+    async def _request(
+        self, method: str, path: str, timeout_s: float, **kwargs: Any
+    ) -> httpx.Response:
+        """One exchange, bounded as a whole by `timeout_s` real seconds (httpx's timeout bounds
+        each read, so a server trickling its answer would hold the caller forever); the
+        overrun is an httpx.TimeoutException, like httpx's own timeouts."""
+        request = self.client.request(method, self.base_url + path, timeout=timeout_s, **kwargs)
+        try:
+            return await asyncio.wait_for(request, timeout_s)
+        except TimeoutError as e:
+            raise httpx.TimeoutException(f"{path}: no whole answer within {timeout_s:g} s") from e
+
     async def port_open(self) -> bool:
         """Whether anything accepts TCP connections on the port (SGLang binds it only once weights,
         KV cache and graphs are ready, so False also means 'still starting')."""
@@ -107,7 +119,7 @@ class Endpoint:
         JSON. Tries /server_info, then the deprecated /get_server_info of older servers."""
         for path in (names.PATH_SERVER_INFO, names.PATH_SERVER_INFO_DEPRECATED):
             try:
-                r = await self.client.get(self.base_url + path, timeout=_HTTP_TIMEOUT_S)
+                r = await self._request("GET", path, _HTTP_TIMEOUT_S)
             except httpx.HTTPError:
                 return None
             if r.status_code == 404:
@@ -125,12 +137,10 @@ class Endpoint:
         """/ready is 200 (up, not paused, not shutting down); servers without /ready (404) are
         asked /health_generate instead."""
         try:
-            r = await self.client.get(self.base_url + PATH_READY, timeout=_HTTP_TIMEOUT_S)
+            r = await self._request("GET", PATH_READY, _HTTP_TIMEOUT_S)
             if r.status_code != 404:
                 return r.status_code == 200
-            r = await self.client.get(
-                self.base_url + PATH_HEALTH_GENERATE, timeout=_HEALTH_GENERATE_TIMEOUT_S
-            )
+            r = await self._request("GET", PATH_HEALTH_GENERATE, _HEALTH_GENERATE_TIMEOUT_S)
             return r.status_code == 200
         except httpx.HTTPError:
             return False
@@ -139,10 +149,8 @@ class Endpoint:
         """Running + waiting requests over all DP ranks, from /v1/loads, else from the
         scheduler gauges on /metrics; None when neither answers."""
         try:
-            r = await self.client.get(
-                self.base_url + names.PATH_LOADS,
-                params={"include": "core"},
-                timeout=_HTTP_TIMEOUT_S,
+            r = await self._request(
+                "GET", names.PATH_LOADS, _HTTP_TIMEOUT_S, params={"include": "core"}
             )
             if r.status_code == 200:
                 loads = r.json().get(names.LOADS_KEY_LOADS)
@@ -154,14 +162,14 @@ class Endpoint:
                             for ld in loads
                         )
                     )
-        except (httpx.HTTPError, ValueError, TypeError, AttributeError):
-            pass
+        except (httpx.HTTPError, ValueError, TypeError, AttributeError, OverflowError):
+            pass  # OverflowError: an infinite count (int() of inf)
         try:
-            r = await self.client.get(self.base_url + names.PATH_METRICS, timeout=_HTTP_TIMEOUT_S)
+            r = await self._request("GET", names.PATH_METRICS, _HTTP_TIMEOUT_S)
             if r.status_code != 200:
                 return None
             return _in_flight_from_metrics(r.text)
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError, OverflowError):
             return None
 
     async def pause_abort(self, timeout_s: float) -> bool:
@@ -169,10 +177,8 @@ class Endpoint:
         clients get an abort answer instead of a reset connection), /ready turns 503 and new
         requests wait. Best effort: False when the server does not support it."""
         try:
-            r = await self.client.post(
-                self.base_url + PATH_PAUSE_GENERATION,
-                json={"mode": "abort"},
-                timeout=max(0.5, timeout_s),
+            r = await self._request(
+                "POST", PATH_PAUSE_GENERATION, max(0.5, timeout_s), json={"mode": "abort"}
             )
         except httpx.HTTPError:
             return False
@@ -182,9 +188,7 @@ class Endpoint:
         """POST /continue_generation: undo pause_abort when the server is kept after all (the
         switch failed before the old server was stopped)."""
         try:
-            r = await self.client.post(
-                self.base_url + PATH_CONTINUE_GENERATION, json={}, timeout=_HTTP_TIMEOUT_S
-            )
+            r = await self._request("POST", PATH_CONTINUE_GENERATION, _HTTP_TIMEOUT_S, json={})
         except httpx.HTTPError:
             return False
         return r.status_code == 200

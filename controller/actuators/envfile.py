@@ -65,6 +65,12 @@ def parse(text: str) -> dict[str, str]:
     return out
 
 
+def read(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The assignments of the environment file at `path`. Bytes that are not UTF-8 (a hand edit
+    in another encoding) become U+FFFD instead of failing the whole file. Raises OSError."""
+    return parse(Path(path).read_text(encoding="utf-8", errors="replace"))
+
+
 def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o600) -> None:
     """Write a temporary file next to `path`, fsync it, then os.replace: systemd (or anyone)
     reading the file sees the old or the new content, never a mix. Mode 0600: profile
@@ -74,7 +80,8 @@ def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o600) -> 
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        with os.fdopen(fd, "w") as fh:
+        # UTF-8 whatever the locale: systemd reads environment files as UTF-8.
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())

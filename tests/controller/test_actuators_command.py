@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -17,6 +18,7 @@ import pytest
 
 from controller.actuators import SwitchOutcome, make_actuator
 from controller.actuators.command import CommandActuator, expand
+from controller.actuators.subproc import run_command
 from controller.clock import ScaledClock
 from controller.settings import Settings
 from tests.controller.actuator_fakes.support import (
@@ -24,9 +26,11 @@ from tests.controller.actuator_fakes.support import (
     FAKE_SGLANG,
     PROFILES,
     SPEED,
+    alive,
     kill_everything,
     port_pids,
     settings,
+    wait_until,
 )
 
 Factory = Callable[..., tuple[CommandActuator, Settings]]
@@ -188,3 +192,92 @@ async def test_a_refused_switch_resumes_the_paused_old_server(
     finally:
         server.kill()
         server.wait()
+
+
+async def test_a_command_that_starts_the_server_in_the_background_is_done_when_it_exits(
+    make: Factory,
+) -> None:
+    """`sh -c '... &'`: the server inherits the command's stdout. The command counted as
+    running until that pipe closed, so the switch timed out (UNKNOWN) after stop + start
+    timeouts and the kill of its process group took the server that had come up with it."""
+    launch = f"{shlex.quote(sys.executable)} -m simulator {{flags}} &"
+    act, s = make(switch_command=["sh", "-c", launch], start_timeout_s=1000.0)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    r = await act.start("baseline")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    assert loop.time() - t0 < 8.0  # the server's start (20 s at 100x, plus Python), not 10 s
+    state = await act.probe()
+    assert state.up and state.profile == "baseline"
+    assert port_pids(s.server.port)  # still serving after the command's end
+
+
+@pytest.mark.parametrize(
+    ("command", "outcome"),
+    [(["true"], SwitchOutcome.START_FAILED), (["sleep", "60"], SwitchOutcome.UNKNOWN)],
+)
+async def test_a_switch_that_never_replaces_the_paused_old_server_resumes_it(
+    tmp_path: Path,
+    make: Factory,
+    command: list[str],
+    outcome: SwitchOutcome,
+) -> None:
+    """The drain paused the old server; the orchestrator then exited 0 without replacing it
+    (or hung until killed): the old server stayed paused (/ready 503), serving nothing."""
+    events = tmp_path / "events"
+    act, s = make(
+        switch_command=command, drain_timeout_s=20.0, start_timeout_s=100.0, stop_timeout_s=50.0
+    )
+    env = {**os.environ, "FAKE_IN_FLIGHT": "2", "FAKE_EVENTS": str(events)}
+    server = subprocess.Popen(
+        [sys.executable, str(FAKE_SGLANG), "--port", str(s.server.port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        async with httpx.AsyncClient(trust_env=False) as c:
+            url = f"http://127.0.0.1:{s.server.port}"
+            for _ in range(200):
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await c.get(url + "/ready")).status_code == 200:
+                        break
+                await asyncio.sleep(0.02)
+            r = await act.switch("eagle3-2step")
+            assert r.outcome is outcome, r.error
+            assert events.read_text().splitlines()[-1] == "continue"
+            assert (await c.get(url + "/ready")).status_code == 200
+    finally:
+        server.kill()
+        server.wait()
+
+
+async def test_a_cancelled_command_is_killed_with_its_process_group(tmp_path: Path) -> None:
+    """The daemon stopping during its start-up cancels the start: the switch command (in a
+    session of its own, so no terminal signal reaches it) went on running, orphaned."""
+    pid_file = tmp_path / "pids"
+    script = f"sleep 60 & echo $$ $! > {shlex.quote(str(pid_file))}; wait"
+    task = asyncio.ensure_future(run_command(["sh", "-c", script], ScaledClock(SPEED), 1e6))
+    for _ in range(500):
+        if pid_file.exists() and len(pid_file.read_text().split()) == 2:
+            break
+        await asyncio.sleep(0.01)
+    pids = [int(p) for p in pid_file.read_text().split()]
+    try:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert wait_until(lambda: not any(alive(p) for p in pids), timeout=5.0)
+    finally:
+        kill_everything(set(pids))
+
+
+async def test_command_output_is_bounded_and_may_be_any_bytes() -> None:
+    """A chatty command (log following, a binary dump) was buffered whole in the daemon."""
+    script = "head -c 3000000 /dev/zero | tr '\\0' x; printf 'end \\377\\376\\n'; exit 4"
+    r = await run_command(["sh", "-c", script], ScaledClock(SPEED), 1000.0)
+    assert r.returncode == 4
+    assert len(r.stdout) < 200_000
+    assert r.stdout.startswith("x" * 1000)
+    assert r.stdout.rstrip().endswith("end \ufffd\ufffd")
+    assert "bytes left out" in r.stdout
+    assert "exited with status 4" in r.describe()

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 
 import httpx
 import pytest
 
+from controller.actuators import endpoint as endpoint_module
 from controller.actuators.endpoint import Endpoint
 from controller.clock import ManualClock
 
@@ -202,3 +205,56 @@ def test_free_ports_skip_reserved_ports(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(endpoint.socket, "socket", FakeSocket)
     assert endpoint.free_ports(2, avoid={41000, 41002}) == [41001, 41003]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/loads", '{"loads": [{"num_running_reqs": Infinity, "num_waiting_reqs": 0}]}'),
+        ("/metrics", "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs +Inf\n"),
+    ],
+)
+async def test_an_infinite_in_flight_count_is_unavailable_not_an_exception(
+    path: str, body: str
+) -> None:
+    """A broken endpoint (or a proxy in front of it) that answers an infinite count: int(inf)
+    raised OverflowError out of drain(), so the switch ended UNKNOWN and blocked actuation."""
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=body) if req.url.path == path else httpx.Response(404)
+
+    ep = endpoint(handler)
+    assert await ep.in_flight() is None
+    drained = await ep.drain(30.0)
+    assert not drained.paused and "unavailable" in drained.text
+
+
+async def test_a_server_trickling_its_answer_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """httpx's timeout bounds each read, not the exchange: a server that sends its headers, then
+    one byte every 0.2 s, held server_info() and ready() (so a switch's wait, while the watchdog
+    counts a switch in flight as healthy) for as long as it went on."""
+    monkeypatch.setattr(endpoint_module, "_HTTP_TIMEOUT_S", 0.5)
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+            for _ in range(100):
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(0.2)
+        writer.close()
+
+    server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    loop = asyncio.get_running_loop()
+    try:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            ep = Endpoint(client, "127.0.0.1", port, ManualClock())
+            t0 = loop.time()
+            assert await ep.server_info() is None
+            assert await ep.ready() is False
+            assert await ep.in_flight() is None
+            assert loop.time() - t0 < 5.0
+    finally:
+        server.close()
