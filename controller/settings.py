@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ from controller.fleet.settings import FleetSettings
 from policies.settings import PolicySettings
 from policies.types import Mode, ProfileSpec
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 EXIT_CONFIG = 78  # EX_CONFIG; the systemd unit sets RestartPreventExitStatus=78
 
 # SGLang 0.5.23's --speculative-algorithm choices (srt/server_args.py).
@@ -262,6 +264,9 @@ class Settings(_Frozen):
             )
         if self.server.actuator == "command" and not self.server.switch_command:
             raise ValueError("server.actuator = 'command' needs server.switch_command")
+        problem = self._launch_text_problem()
+        if problem:
+            raise ValueError(problem)
         sim_speed = _flag_values(self.server.common_flags).get("--sim-speed")
         if sim_speed is not None and float(sim_speed) != self.controller.time_scale:
             raise ValueError(
@@ -269,6 +274,32 @@ class Settings(_Frozen):
                 f"--sim-speed ({sim_speed}) in server.common_flags"
             )
         return self
+
+    def _launch_text_problem(self) -> str | None:
+        """What no server launch can carry, named by its key: a NUL anywhere in the launch
+        command, flags or environment (exec cannot pass one); with the systemd actuator, whose
+        environment file holds them one assignment per line, a newline or carriage return too,
+        and an environment name that is not one (systemd skips such a line)."""
+        systemd = self.server.actuator == "systemd"
+        bad = "\0\n\r" if systemd else "\0"
+        envs = [("server.env", self.server.env)]
+        envs += [(f"profiles.{n}.env", p.env) for n, p in self.profiles.items()]
+        texts = [("server.launch", v) for v in self.server.launch]
+        texts += [("server.common_flags", v) for v in self.server.common_flags]
+        texts += [(f"profiles.{n}.flags", v) for n, p in self.profiles.items() for v in p.flags]
+        texts += [(f"{t}.{k}", v) for t, env in envs for k, v in env.items()]
+        for key, text in texts:
+            if any(c in text for c in bad):
+                what = "a NUL" if "\0" in text else "a newline (the systemd environment file)"
+                return f"{key}: {text[:40]!r} contains {what}"
+        for table, env in envs if systemd else ():
+            for k in env:
+                if not _ENV_NAME.fullmatch(k):
+                    return (
+                        f"{table}.{k}: not an environment name (letters, digits and _, not "
+                        "starting with a digit)"
+                    )
+        return None
 
     def profile_specs(self) -> list[ProfileSpec]:
         return [

@@ -1,7 +1,8 @@
 """The systemd actuator: SGLang runs as a unit of its own (deploy/sglang@.service).
 
 Owns: the unit's EnvironmentFile (the profile's launch command, flags and environment, written
-atomically), `systemctl restart UNIT` to switch, the unit's state (`systemctl show`) for
+atomically), `systemctl restart UNIT` to switch (after `reset-failed`: the unit's start rate
+limit counts manual starts too), the unit's state (`systemctl show`) for
 alive() and crash detection, the wait for /ready and the check of /server_info. systemd does the
 stopping (KillMode=control-group: SIGTERM, then SIGKILL after the unit's TimeoutStopSec), so the
 controller's own death never stops the server. Must not check advisory mode (the funnel does).
@@ -103,7 +104,7 @@ class SystemdActuator:
     def configured_profile(self) -> str | None:
         """The profile the environment file names (what the unit starts next)."""
         try:
-            return envfile.parse(self.env_path.read_text()).get(ENV_PROFILE)
+            return envfile.read(self.env_path).get(ENV_PROFILE)
         except OSError:
             return None
 
@@ -196,6 +197,13 @@ class SystemdActuator:
             log.info("%s", drained)
             paused = drained.paused
         t0 = self.clock.monotonic()
+        # systemd's start rate limit (the unit's StartLimitBurst=) counts manual starts too:
+        # specpilot's own restarts (switches, rollbacks, crash restarts; bounded by its restart
+        # budget and failure limit) would otherwise have the unit refuse one and stay down
+        # ("start-limit-hit") until a person ran reset-failed. Crash loops between them, the
+        # unit's own Restart=, still meet the limit. Best effort: a unit that is not failed and
+        # has no count to clear answers 0 anyway.
+        await self._systemctl("reset-failed", self.unit)
         r = await self._systemctl("restart", self.unit, timeout_s=self.server.stop_timeout_s)
         if not r.ok:
             # The old server was (maybe) stopped and the new one did not start: ask the unit.

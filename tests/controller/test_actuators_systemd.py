@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from tests.controller.actuator_fakes.support import (
     alive,
     kill_everything,
     port_pids,
+    python_env,
     settings,
 )
 
@@ -212,3 +215,64 @@ async def test_start_waits_for_a_unit_already_loading_the_profile(
     assert r.outcome is SwitchOutcome.OK, r.error
     assert (await act.probe()).pid == state.pid
     assert not [c for c in calls(tmp_path) if c.startswith("restart")]
+
+
+def test_a_hand_edited_env_file_in_another_encoding_still_names_the_profile(
+    tmp_path: Path,
+) -> None:
+    """A Latin-1 byte (an operator's edit) in the environment file: configured_profile() raised
+    UnicodeDecodeError out of start() and probe() instead of reading the profile."""
+    env_file = tmp_path / "sglang.env"
+    env_file.write_bytes(b'# caf\xe9 (edited by hand)\nSPECPILOT_PROFILE="eagle3-2step"\n')
+    s = settings(tmp_path, actuator="systemd", systemd_env_file=str(env_file))
+    act = SystemdActuator(s, ScaledClock(SPEED), httpx.AsyncClient())
+    assert act.configured_profile() == "eagle3-2step"
+
+
+def test_the_env_file_is_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    """systemd reads environment files as UTF-8; under an ASCII locale (LC_ALL=C without
+    Python's UTF-8 mode) writing a non-ASCII value raised UnicodeEncodeError."""
+    path = tmp_path / "sglang.env"
+    code = (
+        "import sys; from controller.actuators import envfile; "
+        "text = envfile.render({'NOTE': 'mod\\u00e8le \\u00e9t\\u00e9'}); "
+        "envfile.write_atomic(sys.argv[1], text)"
+    )
+    env = {**python_env(), "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert path.read_bytes() == 'NOTE="modèle été"\n'.encode()
+    assert envfile.read(path) == {"NOTE": "modèle été"}
+
+
+async def test_switches_are_not_refused_by_the_units_start_rate_limit(
+    tmp_path: Path, make: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """systemd's StartLimitBurst= counts manual starts too: the unit refused specpilot's third
+    restart within the interval here (the shipped unit: its sixth within an hour) and stayed
+    failed (start-limit-hit) until a person ran reset-failed. specpilot clears the count before
+    each restart of its own."""
+    unit_file = tmp_path / "sglang@.service"
+    shipped = (REPO / "deploy" / "sglang@.service").read_text()
+    assert "StartLimitBurst=5" in shipped
+    unit_file.write_text(shipped.replace("StartLimitBurst=5", "StartLimitBurst=2"))
+    monkeypatch.setenv("FAKE_SYSTEMD_UNIT_FILE", str(unit_file))
+
+    def systemctl(*args: str) -> int:
+        return subprocess.run(["systemctl", *args], capture_output=True).returncode
+
+    act, _ = make()
+    r = await act.start("baseline")
+    assert r.outcome is SwitchOutcome.OK, r.error
+    # The fake enforces the limit: a third start within the interval is refused, and the unit
+    # stays failed.
+    assert systemctl("restart", UNIT) == 0
+    assert systemctl("restart", UNIT) == 1
+    assert (await act.unit_state())["ActiveState"] == "failed"
+    for profile in ("eagle3-2step", "baseline", "eagle3-2step"):
+        r = await act.switch(profile)
+        assert r.outcome is SwitchOutcome.OK, r.error
+    restarts = [i for i, c in enumerate(calls(tmp_path)) if c == f"restart {UNIT}"]
+    assert all(calls(tmp_path)[i - 1] == f"reset-failed {UNIT}" for i in restarts[-3:])

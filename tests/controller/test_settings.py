@@ -271,6 +271,42 @@ def test_command_actuator_may_leave_launch_empty() -> None:
     assert settings_from_dict(raw).server.launch == []
 
 
+@pytest.mark.parametrize(
+    ("actuator", "where", "value", "problem"),
+    [
+        ("systemd", "profile_env", {"NOTE": "two\nlines"}, "profiles.p.env.NOTE: 'two\\nlines'"),
+        ("systemd", "server_env", {"CR": "a\rb"}, "server.env.CR: 'a\\rb' contains a newline"),
+        ("systemd", "profile_env", {"BAD-NAME": "1"}, "profiles.p.env.BAD-NAME: not an env"),
+        ("systemd", "flags", ["--x", "a\nb"], "profiles.p.flags: 'a\\nb' contains a newline"),
+        ("process", "flags", ["--x\0"], "profiles.p.flags: '--x\\x00' contains a NUL"),
+        ("command", "server_env", {"Z": "\0"}, "server.env.Z: '\\x00' contains a NUL"),
+    ],
+)
+def test_what_no_launch_can_carry_is_a_config_error_naming_the_key(
+    actuator: str, where: str, value: object, problem: str
+) -> None:
+    """A newline in an environment value reached the systemd actuator's environment file only
+    at the first switch (UNKNOWN, actuation blocked); a NUL failed every launch."""
+    raw = _base(p=[])
+    raw["server"].update(actuator=actuator, initial_profile="p", switch_command=["true"])
+    if where == "server_env":
+        raw["server"]["env"] = value
+    elif where == "profile_env":
+        raw["profiles"]["p"]["env"] = value
+    else:
+        raw["profiles"]["p"]["flags"] = value
+    with pytest.raises(ConfigError) as e:
+        settings_from_dict(raw)
+    assert problem in str(e.value)
+
+
+def test_newlines_and_any_env_names_are_fine_outside_systemd() -> None:
+    raw = _base(p=["--x", "a\nb"])
+    raw["server"]["initial_profile"] = "p"
+    raw["profiles"]["p"]["env"] = {"NOTE": "two\nlines", "lower-case": "1"}
+    assert settings_from_dict(raw).profiles["p"].env["NOTE"] == "two\nlines"
+
+
 def _token_settings(path: Path) -> Settings:
     raw = _base()
     raw["api"] = {"token_file": str(path)}
