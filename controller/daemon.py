@@ -41,7 +41,7 @@ from controller.loop import Controller
 from controller.metrics import ControllerMetrics
 from controller.settings import EXIT_CONFIG, ConfigError, Settings, load_settings, policy_settings
 from policies.types import Mode
-from store import Store, StoreError
+from store import Store, StoreError, writer_lock
 
 log = logging.getLogger("specpilot.daemon")
 
@@ -412,13 +412,30 @@ def _apply_reload(daemon: Daemon, path: Path) -> bool:
 async def serve_fleet(settings: Settings) -> int:
     """Fleet mode ([fleet] replicas > 0, docs/FLEET.md): the fleet loop (router, replicas,
     canaries, rolling switches) until SIGTERM/SIGINT. Its state lives in the fleet controller; the
-    single-server REST API and database are not served in this mode."""
+    single-server REST API and database are not served in this mode, but the database's
+    single-writer lock is held as in single-server mode (StoreError, exit 1, before anything is
+    touched): a second specpilot on the same config would adopt the first one's replicas and
+    stop them all on its way out. A start-up that fails stops the router it launched (the next
+    controller launches its own; adopted, nobody would ever stop it) and, like a single
+    server's, leaves the replicas for the next controller to adopt. SIGHUP is logged and
+    ignored: fleet mode does not reload its configuration."""
+    lock = writer_lock(database_path(settings))
+    try:
+        return await _serve_fleet(settings)
+    finally:
+        lock.release()
+
+
+async def _serve_fleet(settings: Settings) -> int:
     from controller.fleet.controller import FleetController
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # SIGHUP (systemctl reload) must not end the daemon, which would leave the replicas and the
+    # router without a controller (or, under systemd, have them all killed with it).
+    loop.add_signal_handler(signal.SIGHUP, _fleet_reload_refused)
     async with httpx.AsyncClient(
         timeout=settings.controller.scrape_timeout_s, trust_env=False
     ) as client:
@@ -428,7 +445,11 @@ async def serve_fleet(settings: Settings) -> int:
             clock=ScaledClock(settings.controller.time_scale),
             client=client,
         )
-        await ctl.startup()
+        try:
+            await ctl.startup()
+        except BaseException:
+            await ctl.actuator.stop_router()
+            raise
         notify.notify("READY=1")
         try:
             await ctl.run(stop, lambda c: notify.notify("WATCHDOG=1"))
@@ -436,6 +457,10 @@ async def serve_fleet(settings: Settings) -> int:
             notify.notify("STOPPING=1")
             await ctl.shutdown()
     return 0
+
+
+def _fleet_reload_refused() -> None:
+    log.warning("SIGHUP: fleet mode does not reload config.toml; restart specpilot to apply it")
 
 
 def run_daemon(config_path: Path) -> int:

@@ -2,11 +2,11 @@
 
 Public surface: `Store` (writer + reads), `Reader` (read-only), `RetentionPolicy`, `StoreError`,
 the closed value sets `SwitchOutcome`, `TrialState`, `OverrideKind`, `ALL_WORKLOADS` and
-`EXPORTABLE_TABLES`.
+`EXPORTABLE_TABLES`, and `writer_lock` (the database's single-writer lock alone, for fleet mode).
 Imports policies' types only; no HTTP, no policy logic.
 """
 
-from store.db import ALL_WORKLOADS, EXPORTABLE_TABLES, Reader, Store, StoreError
+from store.db import ALL_WORKLOADS, EXPORTABLE_TABLES, Reader, Store, StoreError, writer_lock
 from store.retention import RetentionPolicy
 from store.schema import OverrideKind, SwitchOutcome, TrialState
 
@@ -20,4 +20,5 @@ __all__ = [
     "StoreError",
     "SwitchOutcome",
     "TrialState",
+    "writer_lock",
 ]

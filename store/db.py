@@ -55,7 +55,15 @@ from store import schema
 from store.retention import RetentionPolicy, apply_retention
 from store.schema import OverrideKind, SwitchOutcome, TrialState
 
-__all__ = ["ALL_WORKLOADS", "EXPORTABLE_TABLES", "Reader", "Store", "StoreError", "lock_path"]
+__all__ = [
+    "ALL_WORKLOADS",
+    "EXPORTABLE_TABLES",
+    "Reader",
+    "Store",
+    "StoreError",
+    "lock_path",
+    "writer_lock",
+]
 
 # Workload key of estimates for the traffic mix as served (not one workload).
 ALL_WORKLOADS = "*"
@@ -475,6 +483,21 @@ class _WriterLock:
         if self._held:
             self._held = False
             self._lock.release()
+
+
+def writer_lock(database: str | Path) -> _WriterLock:
+    """The single-writer lock of `database`, taken without opening the database (fleet mode
+    keeps no SQLite record, yet a second specpilot must not drive the same deployment):
+    StoreError, naming the holder, when another specpilot holds it. `release()` drops it.
+    Creates the database's directory, as opening a Store does."""
+    path = Path(database)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(
+            f"cannot lock database {path}: cannot create {path.parent}: {exc.strerror or exc}"
+        ) from None
+    return _WriterLock(path)
 
 
 class Reader(_Reads):

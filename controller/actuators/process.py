@@ -70,6 +70,10 @@ class ProcessActuator:
             return self._proc.pid
         return None
 
+    def launched_here(self) -> bool:
+        """Whether the server that runs is this actuator's own child (not an adopted one)."""
+        return self._child_pid() is not None
+
     def _server_pid(self, answered: bool) -> int | None:
         """Our child; else the adopted pid; else the pid file's (if that process carries our port
         on its command line); else, only when the port answered /server_info, the process

@@ -123,6 +123,7 @@ class FleetActuator:
         )
         self.log = FleetLog()
         self._lock = asyncio.Lock()
+        self._router_adopted = False  # a router we did not launch answers on our router port
 
     # ------------------------------------------------------------------ replicas
 
@@ -146,9 +147,13 @@ class FleetActuator:
         that is not out is registered. False when it cannot be reached."""
         if self.router_proc is not None and not self.router_proc.running():
             if await self.router.alive():
-                # Something else answers on our router port: do not start a second one.
-                log.warning("a router already answers on %s: adopting it", self.router.base_url)
+                # Something else answers on our router port: do not start a second one. Said
+                # once (the fleet loop checks the router every poll).
+                if not self._router_adopted:
+                    log.warning("a router already answers on %s: adopting it", self.router.base_url)
+                self._router_adopted = True
             else:
+                self._router_adopted = False
                 if self.router_proc.proc is not None:
                     self.log.router_relaunches += 1
                     log.error(
@@ -170,7 +175,7 @@ class FleetActuator:
             return False
         return True
 
-    def _router_failure(self) -> str:
+    def router_failure(self) -> str:
         """Why the router we launch does not come up, for an error message ("" when unknown)."""
         failure = self.router_proc.failure if self.router_proc is not None else ""
         return f" ({failure})" if failure else ""
@@ -255,7 +260,7 @@ class FleetActuator:
                 profile,
                 0.0,
                 error=f"router {self.router.base_url} unavailable: nothing started"
-                + self._router_failure(),
+                + self.router_failure(),
             )
         async with self._lock:
             results = await asyncio.gather(*(r.actuator.start(profile) for r in self.replicas))
@@ -291,9 +296,15 @@ class FleetActuator:
         """Every replica's process runs (one that died is restarted by `start`)."""
         return all(await asyncio.gather(*(r.actuator.alive() for r in self.replicas)))
 
-    async def shutdown(self) -> None:
-        """Replicas (when owns_server) and a router specpilot launched."""
-        await asyncio.gather(*(r.actuator.shutdown() for r in self.replicas))
+    async def shutdown(self, *, adopted: bool = True) -> None:
+        """Replicas (when owns_server; without `adopted`, only those this process launched)
+        and a router specpilot launched."""
+        stop = [r for r in self.replicas if adopted or r.actuator.launched_here()]
+        await asyncio.gather(*(r.actuator.shutdown() for r in stop))
+        await self.stop_router()
+
+    async def stop_router(self) -> None:
+        """Stop the router specpilot launched, if any (a failed start-up: the replicas stay)."""
         if self.router_proc is not None:
             await self.router_proc.stop()
 
@@ -317,7 +328,7 @@ class FleetActuator:
                 0.0,
                 error=f"router {self.router.base_url} unavailable for "
                 f"{self.fleet.router.wait_timeout_s:g} s: no replica touched"
-                + self._router_failure(),
+                + self.router_failure(),
             )
         if self._lock.locked():
             return SwitchResult(

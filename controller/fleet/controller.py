@@ -61,7 +61,7 @@ class CanaryRecord:
     candidate: str
     current: str
     verdict: CanaryVerdict | None
-    outcome: str  # promoted | rolled_back | start_failed
+    outcome: str  # promoted | rolled_back | start_failed | crashed
     t_s: float
 
 
@@ -213,7 +213,10 @@ class FleetController:
         if result.outcome is SwitchOutcome.REFUSED_BUSY:
             # Replicas up on other profiles (a canary left by an earlier controller): roll them.
             log.warning("replicas disagree (%s): rolling them to %s", probe.detail, first)
-            result = await self.actuator.rolling_switch(first)
+            rolled = await self.actuator.rolling_switch(first)
+            # Why start refused comes first: what the roll met (no slot, say) follows from it.
+            error = f"{result.error}; rolling them to {first}: {rolled.error}"
+            result = rolled if rolled.ok else replace(rolled, error=error)
         if not result.ok:
             raise RuntimeError(f"fleet could not start {first}: {result.error}")
         self.running = first
@@ -232,7 +235,9 @@ class FleetController:
         )
 
     async def shutdown(self) -> None:
-        await self.actuator.shutdown()
+        """Stop what this fleet owns (replicas with owns_server, a router specpilot launched).
+        Advisory mode stops no replica it adopted, as on one server: it only decides."""
+        await self.actuator.shutdown(adopted=self.mode is not Mode.ADVISORY)
 
     # ------------------------------------------------------------------ operator ops
 
@@ -254,7 +259,9 @@ class FleetController:
         self.last = windows
         totals = FleetTotals.of(windows)
         action, detail = "hold", ""
-        if not await self.actuator.alive():
+        if (router := await self._check_router()) is not None:
+            action, detail = router
+        elif not await self.actuator.alive():
             action, detail = await self._restart_dead()
         elif self.canary is not None:
             action, detail = await self._canary_step(windows, now)
@@ -266,14 +273,44 @@ class FleetController:
             cb(self)
         return t
 
+    async def _check_router(self) -> tuple[str, str] | None:
+        """The router between switches: None when it answers and lists every ready replica
+        (registering those a restarted router lost). One specpilot launched and that died is
+        launched again here, not at the next switch: until then no client reaches the fleet.
+        Advisory mode only reports it."""
+        base = self.actuator.router.base_url
+        if self.mode is Mode.ADVISORY:
+            if await self.actuator.router.alive():
+                return None
+            return "hold", f"router {base} does not answer (advisory: not relaunched)"
+        relaunches = self.actuator.log.router_relaunches
+        if not await self.actuator.ensure_router():
+            log.error("router %s does not answer%s", base, self.actuator.router_failure())
+            return "hold", f"router {base} does not answer"
+        if self.actuator.log.router_relaunches > relaunches:
+            return "restart", f"relaunched the router {base} and registered the ready replicas"
+        return None
+
     async def _restart_dead(self) -> tuple[str, str]:
+        """Start every dead replica again on the deployment's profile. A canary whose replica
+        died ends there: its replica comes back on the current profile, so the trial could only
+        run out of time without a window (holding every decision meanwhile). The candidate
+        crashed under the fleet's traffic: it is backed off as after a failed start."""
         assert self.running is not None
         if self.mode is Mode.ADVISORY:
             return "hold", "a replica is down (advisory: not restarted)"
+        trial = self.canary
+        crashed = trial is not None and not await self.actuator.canary.actuator.alive()
         result = await self.actuator.start(self.running)
         for r in self.actuator.replicas:
             self.observer.forget(r.name)  # counters of a restarted replica start from 0
-        return "restart", f"restarted dead replicas: {result.outcome.value} {result.error or ''}"
+        detail = f"restarted dead replicas: {result.outcome.value} {result.error or ''}".strip()
+        if trial is None or not crashed:
+            return "restart", detail
+        self.canary = None
+        self._canary_failed(trial.candidate, None, "crashed", self.clock.now())
+        log.error("canary %s: %s died; %s", trial.candidate, trial.replica, detail)
+        return "rollback", f"canary {trial.candidate} ended: {trial.replica} died; {detail}"
 
     async def _decide(self, windows: dict[str, ReplicaObservation], now: float) -> tuple[str, str]:
         assert self.state is not None and self.running is not None

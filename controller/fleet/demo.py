@@ -14,7 +14,9 @@ inside the controller.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +144,19 @@ def _table(c: FleetController, phase: Phase, el_s: float, load: LoadGenerator) -
     return t
 
 
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    """SIGTERM and SIGHUP (a closed terminal) end the demo as its timer does: replicas and
+    router stopped, summary printed. Their default action would end the process at once and
+    leave the router and replicas, in sessions of their own, running. (SIGINT already unwinds
+    through KeyboardInterrupt.)"""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)
+
+
 async def _demo(replicas: int, duration_s: float, speed: float, console: Console) -> int:
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
     workdir = Path(tempfile.mkdtemp(prefix="specpilot-fleet-demo-"))
     settings, fleet = fleet_sim_settings(replicas=replicas, speed=speed, workdir=workdir)
     clock = ScaledClock(speed)
@@ -169,7 +183,6 @@ async def _demo(replicas: int, duration_s: float, speed: float, console: Console
             concurrency=phases[0].streams_per_replica * replicas,
             mix={"chat": 1.0},
         )
-        stop = asyncio.Event()
         t0 = clock.monotonic()
         failed_during_switch = [0]
 
@@ -214,11 +227,17 @@ async def _demo(replicas: int, duration_s: float, speed: float, console: Console
                 last = load.stats.failed
 
         async def timer() -> None:
-            await asyncio.sleep(duration_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=duration_s)
             stop.set()
 
         async def run_load() -> None:
+            if stop.is_set():
+                return  # stopped during the start-up: no load to run
             task = asyncio.create_task(load.run())
+            # Let run() begin: it clears its stop flag on entry, so a stop() before that (a
+            # signal now) would be lost and run() would never end.
+            await asyncio.sleep(0)
             await stop.wait()
             await load.stop()
             await task

@@ -157,6 +157,13 @@ class FleetSettings(_Frozen):
             raise ValueError(f"fleet replica ports out of range: {ports}")
         if self.router.owned and self.router.port in ports:
             raise ValueError(f"fleet.router.port {self.router.port} is also a replica port")
+        metrics = self.router.prometheus_port
+        if self.router.owned and metrics and metrics in (*ports, self.router.port):
+            # The router would take a replica's port (that replica never starts) or exit at
+            # once on its own.
+            raise ValueError(
+                f"fleet.router.prometheus_port {metrics} is also the router's or a replica's port"
+            )
         if self.replicas and not -self.replicas <= self.canary_replica < self.replicas:
             raise ValueError(
                 f"fleet.canary_replica {self.canary_replica} is not a replica index "

@@ -35,7 +35,7 @@ from controller.fleet.controller import FleetController
 from controller.fleet.demo import fleet_sim_settings
 from controller.fleet.router import RouterClient, free_port, router_argv
 from controller.fleet.settings import RouterSettings
-from policies.types import Action, Decision, Reason
+from policies.types import Action, Decision, Mode, Reason
 from simulator.load import LoadGenerator
 
 SPEED = 100.0
@@ -374,6 +374,142 @@ async def test_a_crashed_replica_is_restarted_and_registered(tmp_path: Path) -> 
             assert await ctl.actuator.alive()
         finally:
             await ctl.shutdown()
+
+
+async def test_a_launched_router_that_dies_between_switches_is_relaunched_by_the_tick(
+    tmp_path: Path,
+) -> None:
+    """The router dies while no switch runs: the next tick launches it again and registers
+    every replica (clients reach the fleet again without waiting for a switch)."""
+    settings, fleet = _settings(tmp_path, 2)
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+        ctl = FleetController(settings, fleet, clock=ScaledClock(SPEED), client=client)
+        try:
+            await ctl.startup()
+            proc = ctl.actuator.router_proc
+            assert proc is not None and proc.proc is not None
+            old = proc.proc.pid
+            os.killpg(old, signal.SIGKILL)
+            proc.proc.wait(timeout=10)
+            tick = await ctl.tick()
+            assert tick.action == "restart" and "router" in tick.detail, tick
+            assert proc.pid is not None and proc.pid != old
+            workers = await ctl.actuator.router.workers()
+            assert sorted(w.url for w in workers) == sorted(r.url for r in ctl.actuator.replicas)
+            stats = await LoadGenerator(ctl.actuator.router.base_url, concurrency=2).run(1.0)
+            assert stats.ok > 0 and stats.failed == 0
+            assert (await ctl.tick()).action != "restart", "a healthy router is left alone"
+        finally:
+            await ctl.shutdown()
+
+
+async def test_a_canary_whose_replica_dies_ends_at_once_and_backs_the_candidate_off(
+    tmp_path: Path,
+) -> None:
+    """The canary's replica crashes: it comes back on the current profile, so the trial could
+    never get another window; it ends at the restart instead of holding every decision until
+    it runs out of time, and the candidate is backed off as after a failed start."""
+    settings, fleet = _settings(tmp_path, 2)
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+        ctl = FleetController(settings, fleet, clock=ScaledClock(SPEED), client=client)
+        try:
+            await ctl.startup()
+            ctl.request_canary("eagle3-2step")
+            assert (await ctl.tick()).action == "canary"
+            victim = ctl.actuator.canary
+            pid = victim.actuator._child_pid()
+            assert pid is not None and victim.profile == "eagle3-2step"
+            os.killpg(pid, signal.SIGKILL)
+            await asyncio.sleep(0.2)
+            tick = await ctl.tick()
+            assert tick.action == "rollback" and "died" in tick.detail, tick
+            assert ctl.canary is None
+            assert [r.profile for r in ctl.actuator.replicas] == ["baseline"] * 2
+            assert [c.outcome for c in ctl.record.canaries] == ["crashed"]
+            assert "eagle3-2step" in ctl.rejected and "eagle3-2step" not in ctl.unjudged
+            assert await ctl.actuator.alive()
+        finally:
+            await ctl.shutdown()
+
+
+async def test_an_advisory_fleet_leaves_the_replicas_it_adopted_running(tmp_path: Path) -> None:
+    """Advisory mode only decides: on its way out it stops no replica it adopted (an earlier
+    controller's), as on one server; the router it launched goes with it."""
+    settings, fleet = _settings(tmp_path, 2)
+    advisory = settings.model_copy(
+        update={"controller": settings.controller.model_copy(update={"mode": Mode.ADVISORY})}
+    )
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+        earlier = FleetActuator(settings, fleet, ScaledClock(SPEED), client)
+        try:
+            assert (await earlier.start("baseline")).ok
+            await earlier.stop_router()  # that controller is gone; its replicas serve on
+            pids = [r.actuator._child_pid() for r in earlier.replicas]
+            ctl = FleetController(advisory, fleet, clock=ScaledClock(SPEED), client=client)
+            await ctl.startup()
+            assert [r.profile for r in ctl.actuator.replicas] == ["baseline"] * 2
+            await ctl.shutdown()
+            assert [r.actuator._child_pid() for r in earlier.replicas] == pids
+            assert all(await asyncio.gather(*(r.actuator.alive() for r in earlier.replicas)))
+            assert ctl.actuator.router_proc is not None and not ctl.actuator.router_proc.running()
+        finally:
+            await earlier.shutdown()
+
+
+async def test_a_replica_port_taken_by_another_server_is_named_when_the_start_up_fails(
+    tmp_path: Path,
+) -> None:
+    """Something that is not SGLang answers on a replica's port: the start-up fails, and its
+    error says so (not only what the roll that followed met: no slot in the router)."""
+    settings, fleet = _settings(tmp_path, 2)
+    port = fleet.replica_ports()[1]
+    other = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+        ctl = FleetController(settings, fleet, clock=ScaledClock(SPEED), client=client)
+        try:
+            deadline = time.monotonic() + 30
+            while not await ctl.actuator.replicas[1].actuator.endpoint.port_open():
+                assert time.monotonic() < deadline, "http.server did not start"
+                await asyncio.sleep(0.1)
+            with pytest.raises(RuntimeError) as e:
+                await ctl.startup()
+            assert f"port {port} is open but /server_info does not answer" in str(e.value)
+        finally:
+            await ctl.shutdown()
+            other.kill()
+            other.wait(timeout=10)
+
+
+async def test_a_router_found_on_our_port_is_adopted_once_not_at_every_tick(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A router already answers on the port of the router specpilot would launch (one that
+    outlived an earlier specpilot, say): it is adopted, and the loop, which checks the router
+    every poll, says so once."""
+    port = free_port()
+    router = _launch_router(port, tmp_path / "ext-router.log")
+    settings, fleet = _settings(tmp_path, 2)
+    fleet = fleet.model_copy(update={"router": fleet.router.model_copy(update={"port": port})})
+    try:
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+            assert await RouterClient(
+                client, f"http://127.0.0.1:{port}", ScaledClock(1.0)
+            ).wait_alive(30.0)
+            ctl = FleetController(settings, fleet, clock=ScaledClock(SPEED), client=client)
+            try:
+                await ctl.startup()
+                for _ in range(3):
+                    assert (await ctl.tick()).action == "hold"
+                adopted = [r for r in caplog.records if "already answers" in r.getMessage()]
+                assert len(adopted) == 1, [r.getMessage() for r in adopted]
+            finally:
+                await ctl.shutdown()
+    finally:
+        _kill(router)
 
 
 HYBRID = {

@@ -43,6 +43,8 @@ def test_an_exploration_restarts_the_canarys_share_of_the_fleet() -> None:
         ({"replicas": 2, "ports": [1, 2, 3]}, "3 entries for 2 replicas"),
         ({"replicas": 2, "ports": [31000, 31000]}, "distinct"),
         ({"replicas": 2, "base_port": 30000}, "also a replica port"),
+        ({"replicas": 2, "router": {"prometheus_port": 30002}}, "prometheus_port 30002"),
+        ({"replicas": 2, "router": {"prometheus_port": 30000}}, "prometheus_port 30000"),
         ({"replicas": 2, "canary_replica": 2}, "canary_replica"),
         ({"replicas": 2, "max_unavailable_fraction": 0}, "greater than 0"),
         ({"replicas": 2, "canary": {"min_windows": 8, "max_windows": 4}}, "max_windows"),
