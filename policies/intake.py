@@ -131,14 +131,21 @@ def _on_event(
         elif key == "batch" or key.startswith("mix:"):
             state.last_traffic_change_s = _later(state.last_traffic_change_s, t_change)
             # The traffic now is that of the windows since (not a blend of two regimes).
-            if key.startswith("mix:"):
-                state.model.mix.rebase(t_change, s.change_discount)
-            else:
+            # A concurrency change is new traffic: its mix is that of the windows since too
+            # (the mix streams restart below and would not see a mix change that came with it).
+            state.model.mix.rebase(t_change, s.change_discount)
+            if key == "batch":
                 state.model.concurrency.rebase(t_change, s.change_discount)
                 # The acceptance streams' noise is set by the verify steps behind a point (a
                 # window at 64 streams holds fifty times one at a single stream): after a
                 # concurrency change they re-learn it, or the old scale raises false alarms.
-                for k in [k for k in state.monitor.detectors if k.startswith("accept:")]:
+                # So is the mix streams' (a point holds the requests one window finishes, at
+                # least mix_point_min_requests: dozens at 64 streams, a few at one).
+                for k in [
+                    k
+                    for k in state.monitor.detectors
+                    if k.startswith("accept:") or k.startswith("mix:")
+                ]:
                     del state.monitor.detectors[k]
             if state.trial is not None:
                 # A trial measures a profile against a prediction for the traffic of its switch.

@@ -441,3 +441,47 @@ def test_a_chain_read_past_its_served_streams_is_priced_along_the_token_chord() 
     assert rep.switches and rep.switches[-1].to_profile == "eagle3-4step"
     best = replay(sc, Static("eagle3-4step")).tokens
     assert replay(sc, Static("eagle3-7step")).tokens < 0.95 * best
+
+
+def test_a_mix_after_a_concurrency_change_is_learnt_without_false_changes() -> None:
+    """One stream of code, 64 streams of another workload, then two streams of both (the
+    start of r24-16 of the random days). A mix point is the token share of the requests the
+    windows behind it finished (at least mix_point_min_requests): one workload's share is 1,
+    point after point, and a mix's at two streams is that of eight requests. The mix streams
+    kept the scale the earlier traffic taught them, and two streams' sampling noise was a
+    change point every few minutes: each a finding (a warning in the log and a row of the
+    history) and a regime boundary that cut the horizon a switch is weighed over. They now
+    restart with a concurrency change, as the acceptance streams do, and the mix estimate is
+    that of the windows since (a mix change that came with it raises no finding of its own)."""
+    sc = scenario_from_dict(
+        {
+            "name": "t",
+            "profile": "kimi-k2.5-pcie-later-boot",
+            "seed": 94874,
+            "initial_profile": "eagle3-1step",
+            "profiles": ["baseline", "eagle3-1step", "eagle3-3step", "eagle3-6step"],
+            "phases": [
+                {"duration_s": 1958, "concurrency": 1, "workloads": {"code": 0.21}},
+                {"duration_s": 1263, "concurrency": 64, "workloads": {"default": 0.83}},
+                {
+                    "duration_s": 3600,
+                    "concurrency": 2,
+                    "workloads": {"default": 0.27, "code": 0.57},
+                },
+            ],
+        }
+    )
+    pol = Specpilot()
+    tick = pol.tick
+    found: list[tuple[float, str]] = []
+
+    def counting(obs: Observation, now_s: float) -> Decision:
+        d = tick(obs, now_s)
+        found.extend((now_s, f.subject) for f in pol.state.new_findings if "mix:" in f.subject)
+        return d
+
+    pol.tick = counting  # type: ignore[method-assign]
+    replay(sc, pol)
+    assert [x for x in found if x[0] > 3221.0 + 600.0] == []
+    shares = pol.state.model.mix.shares()
+    assert abs(shares.get("default", 0.0) - 0.32) < 0.1 and abs(shares["code"] - 0.68) < 0.1
