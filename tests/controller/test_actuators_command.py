@@ -162,6 +162,27 @@ def test_command_env_carries_the_profile(tmp_path: Path, monkeypatch: pytest.Mon
     assert "NOTIFY_SOCKET" not in env
 
 
+@contextlib.asynccontextmanager
+async def busy_old_server(port: int, events: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """A fake SGLang on `port` with two requests in flight (a drain pauses it), recording the
+    pause and continue calls in `events`; yields a client whose base URL is that server."""
+    env = {**os.environ, "FAKE_IN_FLIGHT": "2", "FAKE_EVENTS": str(events)}
+    server = subprocess.Popen(
+        [sys.executable, str(FAKE_SGLANG), "--port", str(port)], env=env, stdout=subprocess.DEVNULL
+    )
+    try:
+        async with httpx.AsyncClient(trust_env=False, base_url=f"http://127.0.0.1:{port}") as c:
+            for _ in range(200):
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await c.get("/ready")).status_code == 200:
+                        break
+                await asyncio.sleep(0.02)
+            yield c
+    finally:
+        server.kill()
+        server.wait()
+
+
 async def test_a_refused_switch_resumes_the_paused_old_server(
     tmp_path: Path, make: Factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -169,29 +190,13 @@ async def test_a_refused_switch_resumes_the_paused_old_server(
     switch: the old server must serve again, not stay paused."""
     events = tmp_path / "events"
     act, s = make(drain_timeout_s=20.0)
-    env = {**os.environ, "FAKE_IN_FLIGHT": "2", "FAKE_EVENTS": str(events)}
-    server = subprocess.Popen(
-        [sys.executable, str(FAKE_SGLANG), "--port", str(s.server.port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        async with httpx.AsyncClient(trust_env=False) as c:
-            url = f"http://127.0.0.1:{s.server.port}"
-            for _ in range(200):
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await c.get(url + "/ready")).status_code == 200:
-                        break
-                await asyncio.sleep(0.02)
-            monkeypatch.setenv("FAKE_ORCH_FAIL", "1")
-            r = await act.switch("eagle3-2step")
-            assert r.outcome is SwitchOutcome.START_FAILED
-            assert r.from_profile == "baseline"
-            assert events.read_text().splitlines()[-1] == "continue"
-            assert (await c.get(url + "/ready")).status_code == 200
-    finally:
-        server.kill()
-        server.wait()
+    async with busy_old_server(s.server.port, events) as c:
+        monkeypatch.setenv("FAKE_ORCH_FAIL", "1")
+        r = await act.switch("eagle3-2step")
+        assert r.outcome is SwitchOutcome.START_FAILED
+        assert r.from_profile == "baseline"
+        assert events.read_text().splitlines()[-1] == "continue"
+        assert (await c.get("/ready")).status_code == 200
 
 
 async def test_a_command_that_starts_the_server_in_the_background_is_done_when_it_exits(
@@ -228,27 +233,11 @@ async def test_a_switch_that_never_replaces_the_paused_old_server_resumes_it(
     act, s = make(
         switch_command=command, drain_timeout_s=20.0, start_timeout_s=100.0, stop_timeout_s=50.0
     )
-    env = {**os.environ, "FAKE_IN_FLIGHT": "2", "FAKE_EVENTS": str(events)}
-    server = subprocess.Popen(
-        [sys.executable, str(FAKE_SGLANG), "--port", str(s.server.port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        async with httpx.AsyncClient(trust_env=False) as c:
-            url = f"http://127.0.0.1:{s.server.port}"
-            for _ in range(200):
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await c.get(url + "/ready")).status_code == 200:
-                        break
-                await asyncio.sleep(0.02)
-            r = await act.switch("eagle3-2step")
-            assert r.outcome is outcome, r.error
-            assert events.read_text().splitlines()[-1] == "continue"
-            assert (await c.get(url + "/ready")).status_code == 200
-    finally:
-        server.kill()
-        server.wait()
+    async with busy_old_server(s.server.port, events) as c:
+        r = await act.switch("eagle3-2step")
+        assert r.outcome is outcome, r.error
+        assert events.read_text().splitlines()[-1] == "continue"
+        assert (await c.get("/ready")).status_code == 200
 
 
 async def test_a_cancelled_command_is_killed_with_its_process_group(tmp_path: Path) -> None:
