@@ -451,7 +451,7 @@ class Controller:
         self.overrides catches up at the next tick), and beside them the config file's mode at
         this moment (what `_start_mode` compares the file with at the next start); one commit."""
         if o is None:
-            o = replace(self.overrides, mode=self.mode, blocked_reason=self.funnel.blocked_reason)
+            o = self._current_overrides()
         with self.store.batch():
             self.store.save_overrides(o)
             self.store.save_state(
@@ -742,10 +742,11 @@ class Controller:
 
         def on_start() -> None:
             self._epoch += 1  # a scrape in flight now reads a server being stopped
-            rec["acted"] = 1
-            # A start (nothing serves) goes ahead unrecorded; a switch does not (module doc).
-            with self._history(f"the start of {d.profile}", active=start):
+            # A start (nothing serves) goes ahead unrecorded; a switch does not (module doc):
+            # its StoreError leaves the funnel before the actuator is called.
+            with self._history(f"the start of {d.profile}") if start else contextlib.nullcontext():
                 record()
+            rec["acted"] = 1
 
         def record() -> None:  # one commit: the decision, the open switch and its trial
             with self.store.batch():
@@ -777,7 +778,6 @@ class Controller:
                 0.0,
                 error=f"the switch could not be recorded, so it was not made ({e})",
             )
-            rec.clear()
         if not rec:
             with self._history("a decision not acted on"):
                 self._record_decision(d, acted=False)
@@ -799,12 +799,9 @@ class Controller:
         return result, UNRECORDED_SWITCH if sid is None else sid
 
     @contextlib.contextmanager
-    def _history(self, what: str, *, active: bool = True) -> Iterator[None]:
+    def _history(self, what: str) -> Iterator[None]:
         """Best-effort history (module doc): a StoreError inside is counted and logged
-        (`_history_failed`) and the caller goes on. Not `active`: it propagates."""
-        if not active:
-            yield
-            return
+        (`_history_failed`) and the caller goes on."""
         try:
             yield
         except StoreError as e:

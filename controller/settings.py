@@ -33,7 +33,8 @@ from controller.fleet.settings import FleetSettings
 from policies.settings import PolicySettings
 from policies.types import Mode, ProfileSpec
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# An environment variable name as a systemd EnvironmentFile= takes it (actuators.envfile too).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 EXIT_CONFIG = 78  # EX_CONFIG; the systemd unit sets RestartPreventExitStatus=78
 
 # SGLang 0.5.23's --speculative-algorithm choices (srt/server_args.py).
@@ -294,7 +295,7 @@ class Settings(_Frozen):
                 return f"{key}: {text[:40]!r} contains {what}"
         for table, env in envs if systemd else ():
             for k in env:
-                if not _ENV_NAME.fullmatch(k):
+                if not ENV_NAME.fullmatch(k):
                     return (
                         f"{table}.{k}: not an environment name (letters, digits and _, not "
                         "starting with a digit)"

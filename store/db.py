@@ -486,16 +486,16 @@ class _WriterLock:
 
 
 def writer_lock(database: str | Path) -> _WriterLock:
-    """The single-writer lock of `database`, taken without opening the database (fleet mode
-    keeps no SQLite record, yet a second specpilot must not drive the same deployment):
-    StoreError, naming the holder, when another specpilot holds it. `release()` drops it.
-    Creates the database's directory, as opening a Store does."""
+    """The single-writer lock of `database`, which a Store takes before its first read and
+    fleet mode takes alone (it keeps no SQLite record, yet a second specpilot must not drive
+    the same deployment): StoreError, naming the holder, when another specpilot holds it.
+    `release()` drops it. Creates the database's directory."""
     path = Path(database)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StoreError(
-            f"cannot lock database {path}: cannot create {path.parent}: {exc.strerror or exc}"
+            f"cannot open database {path}: cannot create {path.parent}: {exc.strerror or exc}"
         ) from None
     return _WriterLock(path)
 
@@ -527,15 +527,8 @@ class Store(_Reads):
         self.path = Path(path)
         self.retention = retention or RetentionPolicy()
         self._lock = threading.RLock()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(
-                f"cannot open database {self.path}: cannot create {self.path.parent}: "
-                f"{exc.strerror or exc}"
-            ) from None
         # Before the first byte is read: a second writer must not migrate, repair or write.
-        self._writer_lock = _WriterLock(self.path)
+        self._writer_lock = writer_lock(self.path)
         try:
             self.db = Database(_connect(self.path, readonly=False))
         except BaseException:

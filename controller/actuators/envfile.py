@@ -10,11 +10,11 @@ Must not run systemctl.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+from controller.settings import ENV_NAME
+
 _ESCAPED = '"\\`$'
 
 
@@ -27,7 +27,7 @@ def quote_value(value: str) -> str:
 def render(assignments: Mapping[str, str], header: str = "") -> str:
     lines = [f"# {ln}" for ln in header.splitlines()]
     for key, value in assignments.items():
-        if not _NAME.match(key):
+        if not ENV_NAME.fullmatch(key):
             raise ValueError(f"{key!r} is not a valid environment variable name")
         lines.append(f"{key}={quote_value(value)}")
     return "\n".join(lines) + "\n"
@@ -46,7 +46,7 @@ def parse(text: str) -> dict[str, str]:
         line = line.removeprefix("export ").lstrip()
         key, sep, rest = line.partition("=")
         key = key.strip()
-        if not sep or not _NAME.match(key):
+        if not sep or not ENV_NAME.fullmatch(key):
             continue
         rest = rest.lstrip()
         if rest.startswith('"'):
