@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 import uvicorn
@@ -317,10 +318,15 @@ async def serve(
     return 0
 
 
-async def _started(ctl: Controller, stop: asyncio.Event) -> bool:
-    """The controller's start-up, or a stop that comes first: a start-up that launches SGLang
-    waits for its cold start (up to start_timeout_s, 15 minutes by default), and a SIGTERM
-    then must not wait that long (systemd's TimeoutStopSec would kill everything anyway).
+class _StartsUp(Protocol):
+    async def startup(self) -> None: ...
+
+
+async def _started(ctl: _StartsUp, stop: asyncio.Event) -> bool:
+    """The controller's (or the fleet controller's) start-up, or a stop that comes first: a
+    start-up that launches SGLang waits for its cold start (up to start_timeout_s, 15 minutes by
+    default), and a SIGTERM then must not wait that long (systemd's TimeoutStopSec would kill
+    everything anyway).
     False: the stop won and the start-up was cancelled (its open start row is closed as
     interrupted by the next controller, which adopts or waits for the server it finds).
     The start-up's own errors propagate."""
@@ -415,7 +421,8 @@ async def serve_fleet(settings: Settings) -> int:
     single-server REST API and database are not served in this mode, but the database's
     single-writer lock is held as in single-server mode (StoreError, exit 1, before anything is
     touched): a second specpilot on the same config would adopt the first one's replicas and
-    stop them all on its way out. A start-up that fails stops the router it launched (the next
+    stop them all on its way out. A start-up that fails, or that a SIGTERM/SIGINT cuts short
+    (it does not wait for the replicas' cold starts), stops the router it launched (the next
     controller launches its own; adopted, nobody would ever stop it) and, like a single
     server's, leaves the replicas for the next controller to adopt. SIGHUP is logged and
     ignored: fleet mode does not reload its configuration."""
@@ -446,10 +453,14 @@ async def _serve_fleet(settings: Settings) -> int:
             client=client,
         )
         try:
-            await ctl.startup()
+            started = await _started(ctl, stop)
         except BaseException:
             await ctl.actuator.stop_router()
             raise
+        if not started:
+            log.info("stop requested during start-up: stopping before the replicas are ready")
+            await ctl.actuator.stop_router()
+            return 0
         notify.notify("READY=1")
         try:
             await ctl.run(stop, lambda c: notify.notify("WATCHDOG=1"))

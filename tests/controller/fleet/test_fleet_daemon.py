@@ -2,8 +2,9 @@
 
 A second specpilot on the same deployment is refused before it touches anything (it would
 adopt the first one's replicas and stop them on its way out), and a start-up that fails stops
-the router it launched (nobody would ever stop it otherwise). SIGHUP (`systemctl reload`)
-does not end it.
+the router it launched (nobody would ever stop it otherwise), as does a SIGTERM during the
+start-up, which does not wait for the replicas' cold start. SIGHUP (`systemctl reload`) does
+not end it.
 """
 
 from __future__ import annotations
@@ -177,3 +178,37 @@ def _ports_of(config: Path) -> list[int]:
     """The replica and router ports of a config written by _fleet_config."""
     fleet = tomllib.loads(config.read_text())["fleet"]
     return [*fleet["ports"], fleet["router"]["port"]]
+
+
+def test_sigterm_during_a_fleet_start_up_does_not_wait_for_the_replicas(tmp_path: Path) -> None:
+    """The replicas' cold start (here 50 minutes of server time, 30 s real at 100x; 15 minutes
+    of start_timeout_s by default) is not waited out: the daemon exits 0 at once and stops the
+    router it launched. The replicas, not yet this daemon's, are left for the next one."""
+    config = _fleet_config(tmp_path)
+    config.write_text(config.read_text().replace("restart_s=30", "restart_s=3000"))
+    out = tmp_path / "daemon.out"
+    with out.open("wb") as fh:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "controller.cli", "run", "--config", str(config)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("server.replica*.log")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(tmp_path.glob("server.replica*.log")), out.read_text()
+        time.sleep(0.5)
+        assert daemon.poll() is None, out.read_text()
+        t0 = time.monotonic()
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=30) == 0, out.read_text()
+        assert time.monotonic() - t0 < 4.0, "the stop waited for the replicas' start"
+        assert "stop requested during start-up" in out.read_text()
+        assert "fleet up" not in out.read_text()
+        assert port_owner(_ports_of(config)[-1]) is None, "the router specpilot launched runs"
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(timeout=10)
+        _stop_what_serves(_ports_of(config))
