@@ -25,7 +25,7 @@ import httpx
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from controller.settings import EXIT_CONFIG, ConfigError, decode_problem, load_settings
@@ -276,7 +276,16 @@ def status(
         f"pin {ov['pin']['profile'] if ov['pin'] else '-'}  "
         f"paused {'yes' if ov['pause'] else 'no'}  blocked {ov['blocked_reason'] or 'no'}"
     )
-    t = Table("profile", "tok/s", "interval", "accept len", "break-even", "cycle ms", "source")
+    # Profile names and numbers are never cut (a pipe or a narrow terminal is 80 columns): the
+    # source (estimate provenance, the longest cell) wraps instead.
+    t = Table(
+        Column("profile", no_wrap=True),
+        *(
+            Column(h, no_wrap=True)
+            for h in ("tok/s", "interval", "accept\nlen", "break-\neven", "cycle\nms")
+        ),
+        Column("source", overflow="fold"),
+    )
     for e in st["estimates"]:
         tok = e["tok_s"] or {}
         acc = e["accept_length"] or {}

@@ -477,3 +477,34 @@ def test_run_help_policy_lists_every_key_with_its_reason() -> None:
         assert blocks[head + 1].startswith("    ") and blocks[head + 1].strip(), f.name
     assert "moe_experts = 0" in r.output and "explore = true" in r.output
     assert "min_dwell_s = 300.0" in r.output
+
+
+def test_status_table_keeps_names_and_numbers_at_80_columns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pipe or a narrow terminal is 80 columns: the profile names and numbers come out whole
+    (the long provenance column wraps), as a user reading or grepping `specpilot status` needs."""
+    import controller.cli as cli_mod
+
+    est = {
+        "profile": "eagle3-5step-long-drafter",
+        "tok_s": {"mean": 212.34, "low": 175.2, "high": 253.9},
+        "accept_length": {"mean": 2.18},
+        "breakeven_accept_length": 1.93,
+        "cycle_s": {"mean": 0.0383},
+        "source": "mean_model+observed+observed",
+    }
+    status = {
+        "profile": "eagle3-5step-long-drafter",
+        "mode": "active",
+        "overrides": {"pin": None, "pause": None, "blocked_reason": None},
+        "estimates": [est, {**est, "profile": "baseline-cuda-graph-off"}],
+        "last_decision": None,
+    }
+    monkeypatch.setattr(cli_mod, "_call", lambda *a, **k: status)
+    monkeypatch.setattr(cli_mod.console, "width", 80)
+    r = cli("status", "--api", "http://127.0.0.1:1")
+    assert r.exit_code == 0, r.output
+    assert max(len(line) for line in r.output.splitlines()) <= 80
+    for text in ("eagle3-5step-long-drafter", "baseline-cuda-graph-off", "212", "175-254"):
+        assert text in r.output, r.output
