@@ -314,7 +314,8 @@ class FleetActuator:
         self, profile: str, targets: Sequence[Replica] | None = None, *, every: bool = False
     ) -> SwitchResult:
         """Switch `targets` (default: every replica) to `profile`, at most max_unavailable()
-        out of the router at once; stops at the first replica that fails. Replicas already on
+        out of the router at once (a target whose server died is started first, alone, without
+        a slot); stops at the first replica that fails. Replicas already on
         `profile` are skipped unless `every` (a rewritten adaptive table: each restarts to read
         it). `downtime_s` is the fleet's lost capacity in server seconds (sum of replica
         downtimes / replicas)."""
@@ -341,7 +342,17 @@ class FleetActuator:
             from_profile = froms.most_common(1)[0][0] if froms else profile
             cycles: list[ReplicaCycle] = []
             while todo:
-                slots = await self._free_slots()
+                # A replica still to switch whose server died is out of service already:
+                # starting it on `profile` gives capacity back and takes no slot (counted as
+                # out, it held the only one: the rollout waited for it and gave up).
+                up = await asyncio.gather(*(r.actuator.alive() for r in todo))
+                dead = [r for r, ok in zip(todo, up, strict=True) if not ok]
+                slots = len(dead) if dead else await self._free_slots()
+                if dead:
+                    log.warning(
+                        "%s down: started on %s first", ", ".join(r.name for r in dead), profile
+                    )
+                    todo = dead + [r for r in todo if r not in dead]
                 if slots <= 0:
                     return self._result(
                         SwitchOutcome.REFUSED_BUSY if not cycles else SwitchOutcome.UNKNOWN,

@@ -148,6 +148,35 @@ async def test_rolling_switch_under_load_fails_no_request(tmp_path: Path) -> Non
         assert len(await act.router.workers()) == 3
 
 
+async def test_a_replica_that_died_before_a_rolling_switch_is_started_on_the_new_profile(
+    tmp_path: Path,
+) -> None:
+    """With max_unavailable 1, a replica whose server died (listed unhealthy by the router) held
+    the only slot: the rollout waited for it, gave up and touched nothing. A dead replica is out
+    of service already: it is started on the new profile first, then the others roll."""
+    quick = ["--health-failure-threshold", "1"]  # the router notices at its next check
+    async with running_fleet(tmp_path, replicas=3, router_extra_args=quick) as (act, _client):
+        assert act.fleet.max_unavailable() == 1
+        victim = act.replicas[2]
+        pid = victim.actuator._child_pid()
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            listed = {w.url: w.healthy for w in await act.router.workers()}
+            if not listed.get(victim.url, False):
+                break
+            await asyncio.sleep(0.2)
+        assert not listed.get(victim.url, False), "the router never noticed the dead replica"
+        res = await act.rolling_switch("eagle3-2step")
+        assert res.ok, res.error
+        assert [r.profile for r in act.replicas] == ["eagle3-2step"] * 3
+        assert act.log.cycles[0].replica == victim.name
+        assert await act.alive()
+        assert all(w.healthy for w in await act.router.workers())
+        assert len(await act.router.workers()) == 3
+
+
 async def test_restart_without_leaving_the_router_fails_requests(tmp_path: Path) -> None:
     """The control: the same load and router, but a replica restarted in place (no removal from
     the router first) makes clients see failures. Shows the test above can fail."""
