@@ -695,7 +695,7 @@ class Controller:
 
     def _remember(self, d: Decision) -> None:
         obs = self.last_obs
-        acc = obs.spec_accept_length if obs is not None else None
+        acc = obs.verified_accept_length if obs is not None else None
         self.history.append(
             TickRecord(
                 t_s=d.t_s,
@@ -1315,7 +1315,7 @@ class Controller:
                     "window_s": obs.window_s,
                     "output_tok_s": obs.output_tok_s,
                     "running_reqs": obs.running_reqs,
-                    "spec_accept_length": obs.spec_accept_length,
+                    "spec_accept_length": obs.verified_accept_length,
                 }
                 if obs
                 else None

@@ -150,6 +150,14 @@ class Observation:
     startup_s: float | None = None
 
     @property
+    def verified_accept_length(self) -> float | None:
+        """spec_accept_length where the server verified anything: SGLang's gauge reads 0 on a
+        server without speculation and after an interval without a verify step, and a measured
+        accept length counts the bonus token, so it is at least 1 (None otherwise)."""
+        a = self.spec_accept_length
+        return a if a is not None and a >= 1.0 else None
+
+    @property
     def output_tok_s(self) -> float | None:
         """Output tokens per second over the window, from the best source available."""
         if self.decode_tokens is not None and self.window_s > 0:

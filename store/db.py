@@ -645,8 +645,10 @@ class Store(_Reads):
             "running": _num(obs.running_reqs),
             "queue": _num(obs.queue_reqs),
             "gen_throughput_tok_s": _num(obs.gen_throughput_tok_s),
-            "accept_length": _num(obs.spec_accept_length),
-            "accept_rate": _num(obs.spec_accept_rate),
+            # No accept length (nor rate) where nothing was verified: a 0 would plot as one
+            # and pull the hourly means down.
+            "accept_length": _num(obs.verified_accept_length),
+            "accept_rate": _num(obs.spec_accept_rate if obs.verified_accept_length else None),
             "num_steps": _num(obs.spec_num_steps),
             "generation_tokens": _num(obs.generation_tokens),
             "verify_calls": _num(obs.verify_calls),

@@ -129,6 +129,18 @@ def test_observation_roundtrip(store: Store) -> None:
     assert store.observations(since_s=0, profile="other") == []
 
 
+def test_an_accept_length_where_nothing_was_verified_is_stored_as_none(store: Store) -> None:
+    """SGLang's spec_accept_length gauge reads 0 on a server without speculation and after an
+    interval without a verify step: not an accept length (one counts the bonus token, so it is
+    at least 1). Stored as 0 it plotted as one in the report and pulled hourly means down."""
+    store.record_observation(_obs(100.0, profile="baseline", spec_accept_length=0.0))
+    store.record_observation(_obs(105.0, spec_accept_length=0.0, spec_accept_rate=0.0))
+    store.record_observation(_obs(110.0, spec_accept_length=2.1, spec_accept_rate=0.0))
+    rows = store.observations(since_s=0)
+    assert [r["accept_length"] for r in rows] == [None, None, 2.1]
+    assert [r["accept_rate"] for r in rows] == [None, None, 0.0]  # a real 0 rate stays
+
+
 def test_observation_without_time_is_refused_and_nothing_written(store: Store) -> None:
     for bad in (_obs(t_s=float("nan")), _obs(window_s=None), _obs(profile=None)):  # type: ignore[arg-type]
         with pytest.raises(StoreError):
