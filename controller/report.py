@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch
 
+from policies.types import verified_accept_length
 from store import ALL_WORKLOADS, Reader
 
 COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1")
@@ -86,16 +87,23 @@ def _line(
     return _dt(tg), vg
 
 
-def _runs(times: Sequence[float], profiles: Sequence[str]) -> list[tuple[str, float, float]]:
-    """(profile, start, end) for each run of consecutive points on one profile."""
+def _runs(
+    times: Sequence[float], profiles: Sequence[str], max_gaps: Sequence[float]
+) -> list[tuple[str, float, float]]:
+    """(profile, start, end) for each run of consecutive points on one profile. A run lasts
+    until the next point when that comes within the point's `max_gaps` entry; a longer gap (a
+    restart, the daemon down) ends it at its last point: no profile was serving in between."""
     out: list[tuple[str, float, float]] = []
-    for t, p in zip(times, profiles, strict=True):
-        if out and out[-1][0] == p:
+    last: tuple[float, float] | None = None  # (time, max gap) of the previous point
+    for t, p, g in zip(times, profiles, max_gaps, strict=True):
+        near = last is not None and t - last[0] <= last[1]
+        if out and near and out[-1][0] == p:
             out[-1] = (p, out[-1][1], t)
         else:
-            if out:  # the previous run lasts until this one starts
+            if out and near:  # the previous run lasts until this one starts
                 out[-1] = (out[-1][0], out[-1][1], t)
             out.append((p, t, t))
+        last = (t, g)
     return out
 
 
@@ -145,8 +153,12 @@ def render_report(
     # Points: hourly aggregates (mid-hour) before the first raw observation, then raw.
     pts_t = [h["hour_s"] + 1800.0 for h in hourly] + [o["t_s"] for o in obs]
     pts_v = [h["output_tok_s"] for h in hourly] + [o["output_tok_s"] for o in obs]
-    pts_p = [str(h["profile"]) for h in hourly] + [str(o["profile"]) for o in obs]
-    seen = list(dict.fromkeys([*profiles, *pts_p, *(e["profile"] for e in estimates)]))
+    # Bands from every observation (an idle window too: the profile ran), an hour's aggregate
+    # reaching the next one's.
+    served = _rows(reader, "observations", max(since_s, first_raw), until_s)
+    band_t = [h["hour_s"] + 1800.0 for h in hourly] + [o["t_s"] for o in served]
+    band_p = [str(h["profile"]) for h in hourly] + [str(o["profile"]) for o in served]
+    seen = list(dict.fromkeys([*profiles, *band_p, *(e["profile"] for e in estimates)]))
     colour = {p: COLOURS[i % len(COLOURS)] for i, p in enumerate(seen)}
 
     # A line breaks where no point came for this long: several polls missed.
@@ -157,7 +169,9 @@ def render_report(
         2, 1, figsize=(12, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]}, dpi=100
     )
     try:
-        for p, a, b in _runs(pts_t, pts_p):
+        # A gap of several polls (a restart, the daemon down) is no profile.
+        gaps = [1.5 * 3600.0] * len(hourly) + [gap_s] * len(served)
+        for p, a, b in _runs(band_t, band_p, gaps):
             for axis in (ax, ax2):
                 axis.axvspan(*_dt([a, b]), color=colour[p], alpha=0.15, lw=0)
 
@@ -204,12 +218,13 @@ def render_report(
         ax.grid(alpha=0.3)
 
         # Accept length (observed) against the running profile's break-even.
-        acc = [o for o in obs if o["accept_length"] is not None]
+        # Rows stored by earlier versions hold SGLang's 0 where nothing was verified.
+        acc = [o for o in obs if verified_accept_length(o["accept_length"]) is not None]
         if acc:
             x, v = _line([o["t_s"] for o in acc], [o["accept_length"] for o in acc], gap_s)
             ax2.plot(x, v, lw=1.2, color="#222", label="observed accept length")
         be = [e for e in estimates if e["breakeven_accept_length"] is not None]
-        running_at = dict(zip(pts_t, pts_p, strict=True))
+        running_at = dict(zip(band_t, band_p, strict=True))
         be_running = [e for e in be if running_at.get(e["t_s"]) == e["profile"]]
         if be_running:
             x, v = _line(

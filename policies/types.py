@@ -120,6 +120,13 @@ class WorkloadWindow:
     requests: float | None = None
 
 
+def verified_accept_length(a: float | None) -> float | None:
+    """An accept-length reading where the server verified anything, else None: SGLang's gauge
+    reads 0 on a server without speculation and after an interval without a verify step, and
+    a measured accept length counts the bonus token, so it is at least 1."""
+    return a if a is not None and a >= 1.0 else None
+
+
 @dataclass(frozen=True)
 class Observation:
     """One poll window, reduced. Every field is a delta or a window mean; `None` means the
@@ -151,11 +158,8 @@ class Observation:
 
     @property
     def verified_accept_length(self) -> float | None:
-        """spec_accept_length where the server verified anything: SGLang's gauge reads 0 on a
-        server without speculation and after an interval without a verify step, and a measured
-        accept length counts the bonus token, so it is at least 1 (None otherwise)."""
-        a = self.spec_accept_length
-        return a if a is not None and a >= 1.0 else None
+        """spec_accept_length where the server verified anything (verified_accept_length)."""
+        return verified_accept_length(self.spec_accept_length)
 
     @property
     def output_tok_s(self) -> float | None:

@@ -450,6 +450,32 @@ def test_report(recorded: Path, tmp_path: Path) -> None:
     assert r.exit_code == 1 and "no observations" in r.output
 
 
+def test_report_bands_end_where_the_history_has_a_gap() -> None:
+    """A profile's band reaches the next profile's first point when that follows within a few
+    polls (a switch seen window to window); across a longer gap (the restart's downtime, the
+    daemon down) it ends at its last point: no profile served in between."""
+    from controller.report import _runs
+
+    poll = [50.0] * 6
+    assert _runs([0, 10, 20, 30, 40, 50], ["a", "a", "a", "b", "b", "b"], poll) == [
+        ("a", 0, 30),
+        ("b", 30, 50),
+    ]
+    assert _runs([0, 10, 20, 400, 410, 420], ["a", "a", "a", "b", "b", "b"], poll) == [
+        ("a", 0, 20),
+        ("b", 400, 420),
+    ]
+    assert _runs([0, 10, 400, 410], ["a", "a", "a", "a"], poll[:4]) == [
+        ("a", 0, 10),
+        ("a", 400, 410),
+    ]
+    # Hourly aggregates (mid-hour) bridge their hour; the raw points after them keep the poll's.
+    assert _runs([1800, 5400, 7200], ["a", "a", "b"], [5400.0, 5400.0, 50.0]) == [
+        ("a", 1800, 7200),
+        ("b", 7200, 7200),
+    ]
+
+
 def test_breakeven() -> None:
     r = cli("breakeven", "--baseline-tok-s", "82", "--cycle-ms", "30")
     assert r.exit_code == 0
