@@ -122,8 +122,9 @@ def render_report(
 ) -> ReportSummary:
     """Draw the period [since_s, until_s) into `out` (PNG). `profiles` fixes the colour order
     (the configuration's); profiles only seen in the history are added after them."""
-    obs = [o for o in _rows(reader, "observations", since_s, until_s) if o["output_tok_s"]]
-    first_raw = obs[0]["t_s"] if obs else until_s
+    served = _rows(reader, "observations", since_s, until_s)
+    obs = [o for o in served if o["output_tok_s"]]
+    first_raw = served[0]["t_s"] if served else until_s
     hourly = [
         h
         for h in reader.observations_hourly(since_s=since_s - 3600.0, until_s=until_s)
@@ -155,7 +156,6 @@ def render_report(
     pts_v = [h["output_tok_s"] for h in hourly] + [o["output_tok_s"] for o in obs]
     # Bands from every observation (an idle window too: the profile ran), an hour's aggregate
     # reaching the next one's.
-    served = _rows(reader, "observations", max(since_s, first_raw), until_s)
     band_t = [h["hour_s"] + 1800.0 for h in hourly] + [o["t_s"] for o in served]
     band_p = [str(h["profile"]) for h in hourly] + [str(o["profile"]) for o in served]
     seen = list(dict.fromkeys([*profiles, *band_p, *(e["profile"] for e in estimates)]))
@@ -202,7 +202,7 @@ def render_report(
         fig.suptitle(
             f"{title}: {len(switches)} switches"
             + (f", {len(decisions)} advisory switch decisions" if decisions else "")
-            + f" · {_dt([pts_t[0]])[0]:%Y-%m-%d %H:%M} to {_dt([pts_t[-1]])[0]:%H:%M} UTC"
+            + f" · {_dt([band_t[0]])[0]:%Y-%m-%d %H:%M} to {_dt([band_t[-1]])[0]:%H:%M} UTC"
         )
         handles, _ = ax.get_legend_handles_labels()
         handles += [Patch(color=colour[p], alpha=0.3, label=f"running {p}") for p in seen]
