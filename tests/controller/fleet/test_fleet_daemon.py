@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip extra 'fleet')")
@@ -137,9 +140,9 @@ def _wait_for(path: Path, text: str, timeout_s: float) -> bool:
     return False
 
 
-def test_sighup_does_not_end_a_fleet_daemon(tmp_path: Path) -> None:
-    config = _fleet_config(tmp_path)
-    out = tmp_path / "daemon.out"
+@contextlib.contextmanager
+def _daemon(config: Path, out: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`specpilot run --config config`, its output in `out`; killed if it outlives the block."""
     with out.open("wb") as fh:
         daemon = subprocess.Popen(
             [sys.executable, "-m", "controller.cli", "run", "--config", str(config)],
@@ -147,31 +150,49 @@ def test_sighup_does_not_end_a_fleet_daemon(tmp_path: Path) -> None:
             stderr=subprocess.STDOUT,
         )
     try:
-        assert _wait_for(out, "fleet up", 60), out.read_text()
-        daemon.send_signal(signal.SIGHUP)
-        assert _wait_for(out, "does not reload", 10), out.read_text()
-        time.sleep(1.0)
-        assert daemon.poll() is None, f"SIGHUP ended the daemon: {out.read_text()}"
-        daemon.send_signal(signal.SIGTERM)
-        assert daemon.wait(timeout=90) == 0
+        yield daemon
     finally:
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait(timeout=10)
+
+
+def test_sighup_does_not_end_a_fleet_daemon(tmp_path: Path) -> None:
+    config = _fleet_config(tmp_path)
+    out = tmp_path / "daemon.out"
+    try:
+        with _daemon(config, out) as daemon:
+            assert _wait_for(out, "fleet up", 60), out.read_text()
+            daemon.send_signal(signal.SIGHUP)
+            assert _wait_for(out, "does not reload", 10), out.read_text()
+            time.sleep(1.0)
+            assert daemon.poll() is None, f"SIGHUP ended the daemon: {out.read_text()}"
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(timeout=90) == 0
+    finally:
         left = _stop_what_serves(_ports_of(config))
     assert not left, f"left running: {left}"
 
 
 def _stop_what_serves(ports: list[int]) -> dict[int, int]:
-    """Kill whatever still serves `ports` (left behind by the daemon); {port: pid} of those."""
+    """Kill whatever still serves `ports` (left behind by the daemon), or was launched to and
+    has not bound its port yet (a replica in its cold start); {port: pid} of those."""
     left = {}
     for port in ports:
         pid = port_owner(port)
+        if pid is None:
+            pid = next((p.pid for p in psutil.process_iter(["cmdline"]) if _on(p, port)), None)
         if pid is not None:
             left[port] = pid
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
     return left
+
+
+def _on(proc: psutil.Process, port: int) -> bool:
+    """Whether `proc` was launched with `--port port`."""
+    cmd = proc.info["cmdline"] or []
+    return any(a == "--port" and b == str(port) for a, b in itertools.pairwise(cmd))
 
 
 def _ports_of(config: Path) -> list[int]:
@@ -187,28 +208,20 @@ def test_sigterm_during_a_fleet_start_up_does_not_wait_for_the_replicas(tmp_path
     config = _fleet_config(tmp_path)
     config.write_text(config.read_text().replace("restart_s=30", "restart_s=3000"))
     out = tmp_path / "daemon.out"
-    with out.open("wb") as fh:
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "controller.cli", "run", "--config", str(config)],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )
     try:
-        deadline = time.monotonic() + 30
-        while not list(tmp_path.glob("server.replica*.log")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert list(tmp_path.glob("server.replica*.log")), out.read_text()
-        time.sleep(0.5)
-        assert daemon.poll() is None, out.read_text()
-        t0 = time.monotonic()
-        daemon.send_signal(signal.SIGTERM)
-        assert daemon.wait(timeout=30) == 0, out.read_text()
-        assert time.monotonic() - t0 < 4.0, "the stop waited for the replicas' start"
-        assert "stop requested during start-up" in out.read_text()
-        assert "fleet up" not in out.read_text()
-        assert port_owner(_ports_of(config)[-1]) is None, "the router specpilot launched runs"
+        with _daemon(config, out) as daemon:
+            deadline = time.monotonic() + 30
+            while not list(tmp_path.glob("server.replica*.log")) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert list(tmp_path.glob("server.replica*.log")), out.read_text()
+            time.sleep(0.5)
+            assert daemon.poll() is None, out.read_text()
+            t0 = time.monotonic()
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(timeout=30) == 0, out.read_text()
+            assert time.monotonic() - t0 < 4.0, "the stop waited for the replicas' start"
+            assert "stop requested during start-up" in out.read_text()
+            assert "fleet up" not in out.read_text()
+            assert port_owner(_ports_of(config)[-1]) is None, "the router specpilot launched runs"
     finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait(timeout=10)
         _stop_what_serves(_ports_of(config))
