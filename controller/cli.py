@@ -28,6 +28,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 from rich.text import Text
 
+from controller.numfmt import num
 from controller.settings import EXIT_CONFIG, ConfigError, decode_problem, load_settings
 from store import EXPORTABLE_TABLES, Reader, StoreError
 
@@ -306,7 +307,7 @@ def status(
 
 
 def _f(v: float | None, digits: int = 3) -> str:
-    return "-" if v is None else f"{v:.{digits}g}"
+    return num(v, digits, none="-")
 
 
 def _operate(

@@ -28,6 +28,7 @@ from controller.actuators.endpoint import free_port
 from controller.daemon import build, database_path, serve
 from controller.demo_server import SIM_PROFILE, demo_profiles, sim_common_flags
 from controller.loop import Controller
+from controller.numfmt import num
 from controller.settings import Settings, settings_from_dict
 from simulator.load import LoadGenerator
 from store import Reader, StoreError
@@ -89,21 +90,23 @@ def _table(c: Controller, phase: Phase, elapsed_sim_s: float) -> Table:
         f"running [bold]{st['profile']}[/bold]"
         + (" · [yellow]switching[/yellow]" if st["switch_in_flight"] else ""),
         caption=(
-            f"observed {_f(obs.get('output_tok_s'))} tok/s · batch {_f(obs.get('running_reqs'))}"
-            f" · accept len {_f(obs.get('spec_accept_length'))}"
+            f"observed {num(obs.get('output_tok_s'))} tok/s · batch {num(obs.get('running_reqs'))}"
+            f" · accept len {num(obs.get('spec_accept_length'))}"
         ),
     )
-    for col in ("profile", "pred tok/s", "interval", "accept len", "break-even", "source"):
-        t.add_column(col)
+    # Names and numbers are never cut (80 columns in a pipe): the source wraps instead.
+    for col in ("profile", "pred\ntok/s", "interval", "accept\nlen", "break-\neven"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("source", overflow="fold")
     for e in st["estimates"]:
         tok = e["tok_s"] or {}
         acc = e["accept_length"] or {}
         t.add_row(
             ("▶ " if e["profile"] == st["profile"] else "  ") + e["profile"],
-            _f(tok.get("mean")),
-            f"{_f(tok.get('low'))}–{_f(tok.get('high'))}",
-            _f(acc.get("mean")),
-            _f(e["breakeven_accept_length"]),
+            num(tok.get("mean")),
+            f"{num(tok.get('low'))}–{num(tok.get('high'))}",
+            num(acc.get("mean")),
+            num(e["breakeven_accept_length"]),
             e["source"] or "",
         )
     d = st["last_decision"]
@@ -111,10 +114,6 @@ def _table(c: Controller, phase: Phase, elapsed_sim_s: float) -> Table:
         t.add_section()
         t.add_row("decision", d["action"], d["profile"], d["reason"], "", "")
     return t
-
-
-def _f(v: Any) -> str:
-    return "–" if v is None else f"{v:.3g}"
 
 
 async def _demo(
@@ -180,6 +179,7 @@ async def _demo(
             tg.create_task(_run_load_when_up(load, daemon.controller, stop))
             tg.create_task(phase_driver())
             tg.create_task(timer())
+    console.line()  # the live table's last frame ends without one where output is not a terminal
     _summary(console, daemon, trace, load)
     return 0
 

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
 
+from controller.numfmt import num
+
 if TYPE_CHECKING:
     from controller.loop import Controller
 
@@ -25,7 +27,7 @@ def _fmt(v: Any, digits: int = 3) -> str:
     if v is None:
         return "–"
     if isinstance(v, float):
-        return f"{v:.{digits}g}" if abs(v) < 10**digits else f"{v:,.0f}"
+        return num(v, digits)
     return escape(str(v))
 
 

@@ -32,6 +32,7 @@ from controller.clock import ScaledClock
 from controller.demo_server import SIM_PROFILE, demo_profiles, sim_common_flags
 from controller.fleet.controller import FleetController
 from controller.fleet.settings import FleetSettings
+from controller.numfmt import num
 from controller.settings import Settings, settings_from_dict
 from simulator.load import LoadGenerator
 
@@ -105,10 +106,6 @@ class Phase:
     streams_per_replica: int
 
 
-def _f(v: Any, fmt: str = ".3g") -> str:
-    return "–" if v is None else format(v, fmt)
-
-
 def _table(c: FleetController, phase: Phase, el_s: float, load: LoadGenerator) -> Table:
     st = c.status()
     t = Table(
@@ -125,7 +122,7 @@ def _table(c: FleetController, phase: Phase, el_s: float, load: LoadGenerator) -
             r["name"],
             r["profile"] or "–",
             "no" if r["out_of_router"] else "yes",
-            _f(r["output_tok_s"]),
+            num(r["output_tok_s"]),
         )
     can = st["canary"]
     if can:
@@ -135,7 +132,7 @@ def _table(c: FleetController, phase: Phase, el_s: float, load: LoadGenerator) -
             "canary",
             f"{can['candidate']} vs {can['current']}",
             f"{can['windows']} windows",
-            f"ratio {_f(v.get('ratio'))} p={_f(v.get('p_value'))}",
+            f"ratio {num(v.get('ratio'))} p={num(v.get('p_value'))}",
         )
     last = c.record.ticks[-1] if c.record.ticks else None
     if last:
