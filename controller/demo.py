@@ -211,8 +211,13 @@ def _summary(console: Console, daemon: Any, trace: DemoTrace, load: LoadGenerato
     for p, n in sorted(per_profile.items(), key=lambda kv: -kv[1]):
         t.add_row(f"time in {p} (sim min)", f"{n * poll / 60:.1f}")
     stats = load.stats
-    t.add_row("client requests ok / failed", f"{stats.ok} / {stats.failed}")
+    t.add_row("client requests ok / failed attempts", f"{stats.ok} / {stats.failed}")
     console.print(t)
+    if stats.failed:
+        console.print(
+            "  failed attempts: requests refused or cut off while the one server restarted,"
+            " retried by the clients (the fleet demo's rolling switch fails none)"
+        )
     for s in switches:
         console.print(
             f"  switch {s.get('from_profile') or '(start)'} -> {s['to_profile']}: "

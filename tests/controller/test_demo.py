@@ -33,7 +33,7 @@ def test_demo_runs_and_summarises(tmp_path: Path) -> None:
     out = r.stdout
     assert "demo summary" in out
     assert "switch (start) -> baseline" in out  # the simulator was started by the controller
-    assert "client requests ok / failed" in out
+    assert "client requests ok / failed attempts" in out
     assert db.exists()
 
 
