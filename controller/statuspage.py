@@ -201,7 +201,9 @@ def render_status_page(
             f'<tr class="{" ".join(cls)}"><td><span class="sw" style="background:{swatch}">'
             f"</span>{escape(e['profile'])}</td><td>{_fmt(tok.get('mean'))}</td>"
             f"<td>{_fmt(tok.get('low'))} – {_fmt(tok.get('high'))}</td>"
-            f"<td>{_fmt(e['observed_tok_s'])}</td>"
+            # Observed now only where it runs: another profile's is its last run's, under other
+            # traffic, in a table of estimates for the traffic served now.
+            f"<td>{_fmt(e['observed_tok_s'] if 'running' in cls else None)}</td>"
             f"<td>{_fmt(acc.get('mean'))}</td>"
             f"<td>{_fmt(e['breakeven_accept_length'])}</td>"
             f"<td>{_fmt(cyc['mean'] * 1000 if cyc.get('mean') is not None else None)}</td>"
@@ -270,8 +272,8 @@ tr.best td:nth-child(2) {{ color: #1a7f37; font-weight: 700; }}
 {chart_svg(observations, switches, colours)}
 <h2>Estimates for the traffic served now</h2>
 <table id="estimates"><tr><th>profile</th><th>predicted tok/s</th><th>interval</th>
-<th>observed tok/s</th><th>accept length</th><th>break-even accept length</th><th>cycle ms</th>
-<th>source</th></tr>
+<th>observed tok/s (running)</th><th>accept length</th><th>break-even accept length</th>
+<th>cycle ms</th><th>source</th></tr>
 {"".join(rows)}</table>
 <h2>Recent decisions</h2>
 <table id="decisions"><tr><th>time (UTC)</th><th>action</th><th>profile</th><th>reason</th>

@@ -56,6 +56,15 @@ async def test_page_content(rig: Rig) -> None:
     rows = re.findall(r"<tr class=\"([^\"]*)\"><td>.*?</span>([^<]+)</td>", html)
     assert [name for _, name in rows] == ["baseline", "eagle3-2step", "eagle3-5step"]
     assert "running" in dict((n, c) for c, n in rows)["eagle3-2step"]
+    # Observed tok/s only where the profile runs: baseline's is its last run's, under the
+    # traffic of 25 ticks ago, in a table of estimates for the traffic served now.
+    table = html.split('id="estimates"')[1].split("</table>")[0]
+    cells = {
+        name: re.findall(r"<td>([^<]*)</td>", rest)
+        for name, rest in re.findall(r"</span>([^<]+)</td>(.*?)</tr>", table)
+    }
+    assert cells["baseline"][2] == "–"
+    assert float(cells["eagle3-2step"][2].replace(",", "")) > 0
     # The break-even line for the running profile: 2-step needs 1.33 (266.7 tok/s x 40 ms / 8)
     # and accepts 2.2.
     assert re.search(r"eagle3-2step needs accept length <b>1\.33</b>.*<b>2\.19?\d*</b>", html)
