@@ -152,11 +152,12 @@ def render_report(
         )
 
     # Points: hourly aggregates (mid-hour) before the first raw observation, then raw.
-    pts_t = [h["hour_s"] + 1800.0 for h in hourly] + [o["t_s"] for o in obs]
+    hour_t = [h["hour_s"] + 1800.0 for h in hourly]
+    pts_t = hour_t + [o["t_s"] for o in obs]
     pts_v = [h["output_tok_s"] for h in hourly] + [o["output_tok_s"] for o in obs]
     # Bands from every observation (an idle window too: the profile ran), an hour's aggregate
     # reaching the next one's.
-    band_t = [h["hour_s"] + 1800.0 for h in hourly] + [o["t_s"] for o in served]
+    band_t = hour_t + [o["t_s"] for o in served]
     band_p = [str(h["profile"]) for h in hourly] + [str(o["profile"]) for o in served]
     seen = list(dict.fromkeys([*profiles, *band_p, *(e["profile"] for e in estimates)]))
     colour = {p: COLOURS[i % len(COLOURS)] for i, p in enumerate(seen)}

@@ -191,9 +191,8 @@ def render_status_page(
         tok = e["tok_s"] or {}
         acc = e["accept_length"] or {}
         cyc = e["cycle_s"] or {}
-        cls = []
-        if e["profile"] == st["profile"]:
-            cls.append("running")
+        running = e["profile"] == st["profile"]
+        cls = ["running"] if running else []
         if best is not None and e["profile"] == best["profile"]:
             cls.append("best")
         swatch = colours.get(e["profile"], "#ccc")
@@ -203,7 +202,7 @@ def render_status_page(
             f"<td>{_fmt(tok.get('low'))} – {_fmt(tok.get('high'))}</td>"
             # Observed now only where it runs: another profile's is its last run's, under other
             # traffic, in a table of estimates for the traffic served now.
-            f"<td>{_fmt(e['observed_tok_s'] if 'running' in cls else None)}</td>"
+            f"<td>{_fmt(e['observed_tok_s'] if running else None)}</td>"
             f"<td>{_fmt(acc.get('mean'))}</td>"
             f"<td>{_fmt(e['breakeven_accept_length'])}</td>"
             f"<td>{_fmt(cyc['mean'] * 1000 if cyc.get('mean') is not None else None)}</td>"

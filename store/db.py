@@ -633,6 +633,7 @@ class Store(_Reads):
 
     @staticmethod
     def _observation_row(obs: Observation) -> dict[str, Any]:
+        verified = obs.verified_accept_length
         try:
             output = obs.output_tok_s
         except (TypeError, ZeroDivisionError):
@@ -647,8 +648,8 @@ class Store(_Reads):
             "gen_throughput_tok_s": _num(obs.gen_throughput_tok_s),
             # No accept length (nor rate) where nothing was verified: a 0 would plot as one
             # and pull the hourly means down.
-            "accept_length": _num(obs.verified_accept_length),
-            "accept_rate": _num(obs.spec_accept_rate if obs.verified_accept_length else None),
+            "accept_length": _num(verified),
+            "accept_rate": _num(obs.spec_accept_rate if verified is not None else None),
             "num_steps": _num(obs.spec_num_steps),
             "generation_tokens": _num(obs.generation_tokens),
             "verify_calls": _num(obs.verify_calls),

@@ -347,12 +347,14 @@ class FleetActuator:
                 # out, it held the only one: the rollout waited for it and gave up).
                 up = await asyncio.gather(*(r.actuator.alive() for r in todo))
                 dead = [r for r, ok in zip(todo, up, strict=True) if not ok]
-                slots = len(dead) if dead else await self._free_slots()
                 if dead:
                     log.warning(
                         "%s down: started on %s first", ", ".join(r.name for r in dead), profile
                     )
                     todo = dead + [r for r in todo if r not in dead]
+                    slots = len(dead)
+                else:
+                    slots = await self._free_slots()
                 if slots <= 0:
                     return self._result(
                         SwitchOutcome.REFUSED_BUSY if not cycles else SwitchOutcome.UNKNOWN,
