@@ -137,7 +137,8 @@ async def _demo(
     console.print(
         f"[bold]specpilot demo[/bold]: simulator profile {SIM_PROFILE} on :{sim_port}, "
         f"{speed:g}x time, {duration_s:g} s real = {total_sim_s / 3600:.1f} simulated hours; "
-        f"database {settings.controller.database}"
+        f"database {settings.controller.database}; server log {settings.server.log_file}",
+        soft_wrap=True,  # paths whole, to copy
     )
     live = Live(console=console, refresh_per_second=4, transient=False)
 

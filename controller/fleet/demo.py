@@ -165,7 +165,8 @@ async def _demo(replicas: int, duration_s: float, speed: float, console: Console
     console.print(
         f"[bold]specpilot fleet demo[/bold]: sglang-router on {fleet.router.base_url}, "
         f"{replicas} simulator replicas ({SIM_PROFILE}) on ports {fleet.replica_ports()}, "
-        f"{speed:g}x time, {duration_s:g} s real; files in {workdir}"
+        f"{speed:g}x time, {duration_s:g} s real; files in {workdir}",
+        soft_wrap=True,  # paths whole, to copy
     )
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
         ctl = FleetController(settings, fleet, clock=clock, client=client)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -28,9 +29,13 @@ def test_demo_runs_and_summarises(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # where the demo keeps the server's log
     )
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
+    (log,) = tmp_path.glob("specpilot-demo-*/server.log")
+    assert f"server log {log}" in out  # the header names it, unwrapped
+    assert log.stat().st_size > 0
     assert "demo summary" in out
     assert "switch (start) -> baseline" in out  # the simulator was started by the controller
     assert "client requests ok / failed attempts" in out

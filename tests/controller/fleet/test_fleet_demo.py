@@ -47,6 +47,7 @@ def test_a_signal_stops_the_fleet_demo_and_everything_it_started(
         [sys.executable, "-m", "controller.cli", "demo", "--fleet", "2", "--duration-s", "120"],
         stdout=out,
         stderr=subprocess.STDOUT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # its files (logs, database) stay here
     )
     started: set[int] = set()
     try:
