@@ -353,10 +353,12 @@ def decide(
         diag["reevaluated_at_s"] = cache["t_s"]
         if reuse == "traffic":
             # The traffic the predictions follow moved, and no change point says a new regime
-            # began: the first windows of a burst. Act on it once the detectors confirm it (a
-            # change point: the burst rule then applies) or the re-evaluation interval is up.
+            # began: window-to-window scatter, or the first windows of a burst. Acted on once
+            # the detectors confirm it (a change point: HOLD_BURST while it may be a burst) or
+            # the re-evaluation interval is up; until then the last evaluation stands, and its
+            # reason with it (a hold_burst here would flicker on every noisy window of a
+            # stationary day).
             diag["traffic_moved_unconfirmed"] = True
-            return _hold(now_s, state, Reason.HOLD_BURST, diag)
         return _hold(now_s, state, Reason(cache["reason"]), diag)
     state.eval_cache = None
     state, d = _choose(state, now_s, s, diag)

@@ -166,9 +166,11 @@ class PolicySettings:
     # Findings kept in the state (bounded JSON).
     max_findings: int = 50
     # A HOLD_BEST / HOLD_WITHIN_MARGIN is re-evaluated at least this often, and at once on a
-    # change point, a finding, or a move of reeval_rel_change in concurrency or the mix: switch
-    # decisions pay restarts of minutes, so a minute's delay costs nothing, while recomputing
-    # every prediction on every 10 s tick would cost most of a replay's time budget.
+    # change point, a finding, or a profile tried or failed: switch decisions pay restarts of
+    # minutes, so a minute's delay costs nothing, while recomputing every prediction on every
+    # 10 s tick would cost most of a replay's time budget. A move of reeval_rel_change in
+    # concurrency or the mix with no change point waits for the detectors or the interval; the
+    # decisions in between say so (diagnostics traffic_moved_unconfirmed).
     reeval_interval_s: float = 60.0
     reeval_rel_change: float = 0.05
     # The long-run rule (policies/hybrid_decide.py), for every profile set: traffic flipping

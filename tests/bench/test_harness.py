@@ -485,3 +485,35 @@ def test_a_mix_after_a_concurrency_change_is_learnt_without_false_changes() -> N
     assert [x for x in found if x[0] > 3221.0 + 600.0] == []
     shares = pol.state.model.mix.shares()
     assert abs(shares.get("default", 0.0) - 0.32) < 0.1 and abs(shares["code"] - 0.68) < 0.1
+
+
+def test_noisy_windows_of_a_stationary_day_keep_the_last_evaluations_reason() -> None:
+    """Eight closed-loop streams of a fixed chat/code mix for two hours: the few requests a
+    window finishes move the measured mix past `reeval_rel_change` now and then, with no change
+    point. Those decisions hold on the last evaluation and say so in their diagnostics; they
+    carry its reason (hold_best), not hold_burst, which flickered on them as if a burst were
+    being ridden out."""
+    sc = scenario_from_dict(
+        {
+            "name": "t",
+            "profile": "kimi-k2.5-pcie-tuned",
+            "seed": 3,
+            "phases": [
+                {"duration_s": 7200, "concurrency": 8, "workloads": {"chat": 0.7, "code": 0.3}}
+            ],
+        }
+    )
+    policy = Specpilot()
+    decisions: list[Decision] = []
+    tick = policy.tick
+
+    def recording_tick(obs: Observation, now_s: float) -> Decision:
+        decisions.append(tick(obs, now_s))
+        return decisions[-1]
+
+    policy.tick = recording_tick  # type: ignore[method-assign]
+    replay(sc, policy)
+    moved = [d for d in decisions if d.diagnostics.get("traffic_moved_unconfirmed")]
+    assert len(moved) >= 10
+    assert {d.reason for d in moved} <= {Reason.HOLD_BEST, Reason.HOLD_WITHIN_MARGIN}
+    assert sum(d.reason is Reason.HOLD_BURST for d in decisions) <= 0.01 * len(decisions)
