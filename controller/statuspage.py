@@ -243,6 +243,7 @@ body {{ font-family: system-ui, sans-serif; margin: 1.2em 1.5em; color: #222; }}
 h1 {{ margin: 0 0 .3em; }} h2 {{ margin: 1em 0 .3em; font-size: 1.15em; }}
 table {{ border-collapse: collapse; margin: .3em 0 1em; }}
 td, th {{ border: 1px solid #ddd; padding: 3px 8px; text-align: right; }}
+td {{ white-space: nowrap; }}  /* names, numbers and intervals whole; long headers wrap */
 td:first-child, th:first-child {{ text-align: left; }}
 th {{ background: #f4f4f4; }}
 tr.running {{ background: #eef6ee; font-weight: 600; }}
