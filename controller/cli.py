@@ -486,6 +486,12 @@ def _ts(t: float | None) -> str:
     return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _ts_after(start: float, t: float) -> str:
+    """`t` as _ts, without the date where it is `start`'s (a run's end beside its start)."""
+    a, b = (dt.datetime.fromtimestamp(x, tz=dt.UTC) for x in (start, t))
+    return b.strftime("%H:%M:%S") if a.date() == b.date() else _ts(t)
+
+
 def history_events(
     reader: Reader, since_s: float, until_s: float | None, *, every_decision: bool = False
 ) -> list[dict[str, Any]]:
@@ -534,7 +540,7 @@ def _describe(e: dict[str, Any]) -> str:
     k = e["kind"]
     if k == "decision":
         n = e["count"]
-        rep = f" x{n} until {_ts(e['until_s'])}" if n > 1 else ""
+        rep = f" x{n} until {_ts_after(e['t_s'], e['until_s'])}" if n > 1 else ""
         acted = "acted" if e["acted"] else ("advisory" if e["mode"] == "advisory" else "")
         return f"{e['action']} {e['profile']} ({e['reason']}){rep} {acted}".rstrip()
     if k == "switch":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import datetime as dt
 import json
 import socket
 import time
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from controller.cli import EXPORT_TABLES, app, parse_time
+from controller.cli import EXPORT_TABLES, _ts_after, app, parse_time
 from controller.clock import ManualClock
 from policies.types import Mode
 from store import Reader
@@ -314,6 +315,17 @@ def test_history(recorded: Path) -> None:
     for text in ("switch_predicted_gain", "x2", "pin eagle3-2step for 1800 s by cli:test"):
         assert text in r.output
     assert "[ok, 60 s down]" in r.output  # not swallowed as rich markup
+    # A folded run's end is the time of day where it is the start's day: one line at 80 columns.
+    run = next(e for e in folded if e["count"] > 1)
+    until = dt.datetime.fromtimestamp(run["until_s"], tz=dt.UTC)
+    assert f"x{run['count']} until {until:%H:%M:%S}" in r.output
+    assert f"until {until:%Y-%m-%d}" not in r.output
+
+
+def test_a_runs_end_drops_only_the_date_it_shares_with_its_start() -> None:
+    midnight = 1_800_057_600.0  # 2027-01-16 00:00:00 UTC
+    assert _ts_after(midnight - 600, midnight - 5) == "23:59:55"
+    assert _ts_after(midnight - 600, midnight + 5) == "2027-01-16 00:00:05"
 
 
 def test_parse_time() -> None:
