@@ -145,6 +145,7 @@ async def serve(
         while sim.in_flight > 0:
             logger.info("Gracefully exiting... Remaining number of requests %d.", sim.in_flight)
             await asyncio.sleep(poll)
+        sim.close()
         server.should_exit = True
 
     drain_task: asyncio.Task[None] | None = None

@@ -218,6 +218,10 @@ class Simulation:
         self._rr = itertools.cycle(range(args.dp_size))
         self.status = "starting"  # starting -> up
         self.draining = False
+        # Drained, about to exit: what arrives now is refused and what slipped in is aborted, so
+        # that no request handler is still waiting when the HTTP server closes (SGLang kills its
+        # process tree at this point; its clients see the connection drop).
+        self.closing = False
         self.paused = False
         self._wake = asyncio.Event()
         self._stopped = False
@@ -284,6 +288,13 @@ class Simulation:
     def abort_all(self) -> None:
         for rid in list(self.requests):
             self.abort(rid)
+
+    def close(self) -> None:
+        """The SIGTERM drain is over: refuse what arrives from now on and abort what slipped in
+        since the drain last looked (clients retrying aborted requests), so that every request
+        handler answers before the HTTP server shuts down instead of being cancelled mid-wait."""
+        self.closing = True
+        self.abort_all()
 
     def _finish_aborted(self, req: SimRequest) -> None:
         req.aborted = True
@@ -832,6 +843,8 @@ def create_app(sim: Simulation) -> FastAPI:
     model_name = args.served_model_name
 
     def not_ready_response() -> Response | None:
+        if sim.closing:
+            return JSONResponse({"error": "server is shutting down"}, status_code=503)
         if sim.status != "up":
             return JSONResponse({"error": "server is starting"}, status_code=503)
         return None
@@ -889,6 +902,8 @@ def create_app(sim: Simulation) -> FastAPI:
             return r
         try:
             body = await read_json(request)
+            if (r := not_ready_response()) is not None:
+                return r  # began to close while the body was read
             sp = body.get("sampling_params") or {}
             labels = body.get("custom_labels")
             req = submit_from(
@@ -1096,6 +1111,8 @@ def create_app(sim: Simulation) -> FastAPI:
             return r
         try:
             body = await read_json(request)
+            if (r := not_ready_response()) is not None:
+                return r  # began to close while the body was read
             if chat:
                 messages = body.get("messages")
                 if not isinstance(messages, list) or not messages:

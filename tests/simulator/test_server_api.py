@@ -298,3 +298,23 @@ async def test_adaptive_launch_reports_live_tier() -> None:
         text = (await s.client.get("/metrics")).text
         steps = [ln for ln in text.splitlines() if ln.startswith("sglang:spec_num_steps{")]
         assert float(steps[0].rsplit(" ", 1)[1]) in (0, 1, 3, 5, 7)
+
+
+async def test_a_closing_server_aborts_what_slipped_in_and_refuses_the_rest() -> None:
+    """The SIGTERM drain found nothing in flight, and a client retrying an aborted request got
+    one in while generation was paused: closing aborts it (an answer, where uvicorn's shutdown
+    cancelled its handler and logged a traceback per request), and refuses what comes later."""
+    async with in_process([*EAGLE2]) as s:
+        await s.client.post("/pause_generation", json={"mode": "abort"})
+        waiting = asyncio.create_task(s.client.post("/generate", json={"text": "a"}))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        s.sim.close()
+        r = await asyncio.wait_for(waiting, 2)
+        assert r.json()["meta_info"]["finish_reason"]["type"] == "abort"
+        for path, body in (
+            ("/generate", {"text": "a"}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}]}),
+        ):
+            late = await s.client.post(path, json=body)
+            assert late.status_code == 503 and "shutting down" in late.text
