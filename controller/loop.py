@@ -995,7 +995,9 @@ class Controller:
             with self._history(f"a finding ({f.kind})"):
                 self.store.record_finding(f.kind, now, msg, subject=f.subject, numbers=f.to_dict())
             self.metrics.findings.labels(f.kind).inc()
-            log.warning("finding: %s", msg)
+            # A change point comes with every traffic change (and the odd noisy one); drift
+            # and acceptance far below history are what an operator is warned of.
+            log.log(logging.INFO if f.kind == "change" else logging.WARNING, "finding: %s", msg)
 
     # ----------------------------------------------------------------------------- crashes
     def _backoff_s(self, n: int) -> float:
