@@ -772,6 +772,16 @@ def breakeven(
             help="Targets to price (default 100 and 120).",
         ),
     ] = None,
+    accept_length: Annotated[
+        float | None,
+        typer.Option(
+            "--accept-length",
+            parser=finite_float(ge=1),
+            metavar="<float>",
+            help="The accept length measured (drafts + bonus, SGLang's spec_accept_length): "
+            "say what it gives at --cycle-ms and whether that beats the baseline.",
+        ),
+    ] = None,
     table: Annotated[
         bool,
         typer.Option(
@@ -806,7 +816,7 @@ def breakeven(
     as_json: Annotated[bool, typer.Option("--json", help="With --table: print JSON.")] = False,
 ) -> None:
     """The break-even rule of FIELD.md: accept_len = baseline_tok_s x cycle_s."""
-    from policies.breakeven import accept_length_for, breakeven_accept_length
+    from policies.breakeven import accept_length_for, breakeven_accept_length, tok_s_for
 
     if table:
         from controller.hybrid_table import DEFAULT_STEPS, FIELD_PROFILES, print_field_tables
@@ -833,6 +843,14 @@ def breakeven(
     )
     for t in target or [100.0, 120.0]:
         console.print(f"  {t:g} tok/s needs accept length {accept_length_for(t, cycle_s):.2f}")
+    if accept_length is not None:
+        spec = tok_s_for(accept_length, cycle_s)
+        verdict = "pays" if spec > baseline_tok_s else "does not pay"
+        console.print(
+            f"accept length {accept_length:g} at {cycle_ms:g} ms: {num(spec)} tok/s, "
+            f"{spec / baseline_tok_s - 1:+.1%} vs {baseline_tok_s:g}: "
+            f"[bold]speculation {verdict}[/bold]"
+        )
 
 
 @app.command()

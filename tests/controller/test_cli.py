@@ -495,6 +495,19 @@ def test_breakeven() -> None:
     r = cli("breakeven", "--baseline-tok-s", "0", "--cycle-ms", "30")
     assert r.exit_code == 2
 
+    # FIELD.md's tuned 2-step (19.85 ms cycle, accept length ~1.87) against 88.8 tok/s, and the
+    # later boot's (~30 ms, ~2.0) against 82.
+    def priced(baseline: str, cycle: str, accept: str) -> Any:
+        args = ["--baseline-tok-s", baseline, "--cycle-ms", cycle, "--accept-length", accept]
+        return cli("breakeven", *args)
+
+    tuned = priced("88.8", "19.85", "1.87")
+    assert tuned.exit_code == 0, tuned.output
+    assert "94.2 tok/s, +6.1% vs 88.8: speculation pays" in tuned.output
+    later = priced("82", "30", "2")
+    assert "66.7 tok/s, -18.7% vs 82: speculation does not pay" in later.output
+    assert priced("82", "30", "0.9").exit_code == 2  # below 1: drafts only, not drafts + bonus
+
 
 def test_run_help_policy_lists_every_key_with_its_reason() -> None:
     """config.toml points users at `specpilot run --help-policy`: every PolicySettings field,
