@@ -20,7 +20,7 @@ def test_demo_runs_and_summarises(tmp_path: Path) -> None:
             "controller.cli",
             "demo",
             "--duration-s",
-            "25",
+            "12",
             "--speed",
             "50",
             "--db",
