@@ -250,6 +250,7 @@ async def _demo(replicas: int, duration_s: float, speed: float, console: Console
                     tg.create_task(timer())
         finally:
             await ctl.shutdown()
+        console.line()  # the live table's last frame ends without one off a terminal
         _summary(console, ctl, load, failed_during_switch[0])
     return 0
 
@@ -259,7 +260,7 @@ def _summary(console: Console, c: FleetController, load: LoadGenerator, failed_s
     t.add_column("what")
     t.add_column("value")
     t.add_row("output tokens (client side)", f"{load.stats.output_tokens:,}")
-    t.add_row("client requests ok / failed", f"{load.stats.ok} / {load.stats.failed}")
+    t.add_row("client requests ok / failed", f"{num(load.stats.ok)} / {num(load.stats.failed)}")
     t.add_row("failed while a replica was out", str(failed_switch))
     t.add_row("deployment profile at the end", str(c.running))
     for can in c.record.canaries:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip extra 'fleet')")
@@ -27,6 +29,13 @@ def _children(pid: int) -> set[int]:
             if fields[0] != "Z" and int(fields[1]) == pid:
                 found.add(int(entry.name))
     return found
+
+
+def _serves(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -56,11 +65,21 @@ def test_a_signal_stops_the_fleet_demo_and_everything_it_started(
             started |= _children(demo.pid)
             time.sleep(0.2)
         assert len(started) >= 3, (tmp_path / "demo.out").read_text()
+        # Signalled once the replicas serve (the live table has rows): its last frame, then
+        # the summary on a line of its own.
+        head = (tmp_path / "demo.out").read_text()
+        ports = re.search(r"on ports \[([\d, ]+)\]", head)
+        assert ports, head
+        for port in ports.group(1).split(", "):
+            while not _serves(int(port)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        time.sleep(1.0)  # the loop's ticks (every 0.2 s at 50x) fill the table
         demo.send_signal(sig)
         demo.wait(timeout=90)
         left = sorted(p for p in started if _alive(p))
         assert not left, f"left running after {sig.name}: {left}"
-        assert "fleet demo summary" in (tmp_path / "demo.out").read_text()
+        lines = [ln.strip() for ln in (tmp_path / "demo.out").read_text().splitlines()]
+        assert "fleet demo summary" in lines  # a line of its own, not the live table's end
     finally:
         if demo.poll() is None:
             demo.kill()
