@@ -237,7 +237,7 @@ def render_report(
         ax2.set_ylabel("accept length")
         ax2.grid(alpha=0.3)
         if acc or be_running:
-            ax2.legend(loc="upper left", fontsize=8)
+            ax2.legend(loc="best", fontsize=8)  # off the lines, wherever they run
         ax2.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M", tz=dt.UTC))
         ax2.set_xlabel("time (UTC)")
         fig.tight_layout()
