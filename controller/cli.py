@@ -692,8 +692,10 @@ def export(
                         fh.close()
         except StoreError as e:
             raise _fail(str(e)) from None
+        except BrokenPipeError:
+            raise  # standard output closed by its reader (`| head`): click exits 1, quietly
         except OSError as e:
-            raise _fail(f"cannot write {output}: {e}") from None
+            raise _fail(f"cannot write {output or 'standard output'}: {e}") from None
     if output is not None:
         summary = ", ".join(f"{t} {n}" for t, n in counts.items())
         err.print(f"exported to {output}: {summary}")

@@ -8,6 +8,8 @@ import csv
 import datetime as dt
 import json
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -414,6 +416,24 @@ def test_export_jsonl(recorded: Path, tmp_path: Path) -> None:
     r = cli("export", "--db", str(recorded), "--table", "switches", "--since", str(T0))
     assert r.exit_code == 0
     assert all(json.loads(line)["table"] == "switches" for line in r.output.splitlines())
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_an_export_whose_reader_stops_early_ends_quietly(recorded: Path, fmt: str) -> None:
+    """`specpilot export | head -1`: the closed pipe is no error to report (it printed
+    "cannot write None: [Errno 32] Broken pipe")."""
+    args = ["export", "--db", str(recorded), "--format", fmt, "--table", "estimates"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert p.stdout is not None and p.stderr is not None
+    assert p.stdout.readline()
+    p.stdout.close()  # 2700 rows: far more than a pipe holds
+    err = p.stderr.read().decode()
+    assert p.wait(60) == 1  # click's status for a closed output
+    assert err == ""
 
 
 def test_export_csv(recorded: Path, tmp_path: Path) -> None:
