@@ -176,7 +176,11 @@ def _call(
     if r.status_code >= 400:
         detail = _api_detail(payload, r.text)
         hint = {
-            401: " (no token: pass --token, set SPECPILOT_API_TOKEN or give --config)",
+            401: (
+                " (no token was sent: pass --token, set SPECPILOT_API_TOKEN, or give --config"
+                " with [api] token or token_file; a daemon whose config sets none refuses"
+                " every write)"
+            ),
             403: " (the daemon refused the token)",
         }.get(r.status_code, "")
         raise _fail(f"{method} {path}: HTTP {r.status_code}: {detail}{hint}")

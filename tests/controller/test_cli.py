@@ -125,6 +125,8 @@ def test_operator_commands(live: LiveDaemon) -> None:
     r = cli("pin", "eagle3-2step", "--api", live.url, env={"SPECPILOT_API_TOKEN": ""})
     assert r.exit_code == 1
     assert "HTTP 401" in r.output and "--token" in r.output
+    # The shipped config sets no token: --config alone is no answer, and the hint says so.
+    assert "a daemon whose config sets none refuses every write" in " ".join(r.output.split())
     r = cli("pin", "eagle3-2step", "--api", live.url, "--token", "nope")
     assert r.exit_code == 1 and "HTTP 403" in r.output
     r = cli("mode", "turbo", "--api", live.url, env=env)
