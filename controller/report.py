@@ -57,6 +57,14 @@ def _dt(ts: Iterable[float]) -> list[dt.datetime]:
     return [dt.datetime.fromtimestamp(t, tz=dt.UTC) for t in ts]
 
 
+def span_text(a: float, b: float) -> str:
+    """The period [a, b] for a title, the end's date given only where it is not the start's: a
+    24-hour report reads "2026-12-05 05:00 to 2026-12-06 05:00 UTC", not "... to 05:00"."""
+    start, end = _dt([a, b])
+    fmt = "%H:%M" if end.date() == start.date() else "%Y-%m-%d %H:%M"
+    return f"{start:%Y-%m-%d %H:%M} to {end.strftime(fmt)} UTC"
+
+
 def _binned(t: np.ndarray, v: np.ndarray, n: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
     """Mean of v in n equal time bins (empty bins dropped); unchanged when short."""
     if len(t) <= n:
@@ -198,12 +206,14 @@ def render_report(
         for d in decisions:
             ax.axvline(_dt([d["t_s"]])[0], color="#999", lw=0.8, ls="-.")
 
+        # The title's period: everything drawn, a switch before the first point included.
+        drawn = [*band_t, *(s["started_s"] for s in switches), *(d["t_s"] for d in decisions)]
         ax.set_ylim(0, top)
         ax.set_ylabel("output tokens/s")
         fig.suptitle(
             f"{title}: {len(switches)} switches"
             + (f", {len(decisions)} advisory switch decisions" if decisions else "")
-            + f" · {_dt([band_t[0]])[0]:%Y-%m-%d %H:%M} to {_dt([band_t[-1]])[0]:%H:%M} UTC"
+            + f" · {span_text(min(drawn), max(drawn))}"
         )
         handles, _ = ax.get_legend_handles_labels()
         handles += [Patch(color=colour[p], alpha=0.3, label=f"running {p}") for p in seen]

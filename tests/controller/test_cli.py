@@ -484,6 +484,14 @@ def test_report(recorded: Path, tmp_path: Path) -> None:
     assert r.exit_code == 1 and "no observations" in r.output
 
 
+def test_the_report_title_dates_an_end_on_another_day() -> None:
+    from controller.report import span_text
+
+    t0 = 1_800_057_600.0  # 2027-01-16 00:00:00 UTC
+    assert span_text(t0 + 3600, t0 + 7380) == "2027-01-16 01:00 to 02:03 UTC"
+    assert span_text(t0 - 86400 + 18000, t0 + 18000) == "2027-01-15 05:00 to 2027-01-16 05:00 UTC"
+
+
 def test_report_bands_end_where_the_history_has_a_gap() -> None:
     """A profile's band reaches the next profile's first point when that follows within a few
     polls (a switch seen window to window); across a longer gap (the restart's downtime, the
