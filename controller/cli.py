@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 from rich.text import Text
 
-from controller.numfmt import num
+from controller.numfmt import num, span_end
 from controller.settings import EXIT_CONFIG, ConfigError, decode_problem, load_settings
 from store import EXPORTABLE_TABLES, Reader, StoreError
 
@@ -490,12 +490,6 @@ def _ts(t: float | None) -> str:
     return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _ts_after(start: float, t: float) -> str:
-    """`t` as _ts, without the date where it is `start`'s (a run's end beside its start)."""
-    a, b = (dt.datetime.fromtimestamp(x, tz=dt.UTC) for x in (start, t))
-    return b.strftime("%H:%M:%S") if a.date() == b.date() else _ts(t)
-
-
 def history_events(
     reader: Reader, since_s: float, until_s: float | None, *, every_decision: bool = False
 ) -> list[dict[str, Any]]:
@@ -544,7 +538,7 @@ def _describe(e: dict[str, Any]) -> str:
     k = e["kind"]
     if k == "decision":
         n = e["count"]
-        rep = f" x{n} until {_ts_after(e['t_s'], e['until_s'])}" if n > 1 else ""
+        rep = f" x{n} until {span_end(e['t_s'], e['until_s'], '%H:%M:%S')}" if n > 1 else ""
         acted = "acted" if e["acted"] else ("advisory" if e["mode"] == "advisory" else "")
         return f"{e['action']} {e['profile']} ({e['reason']}){rep} {acted}".rstrip()
     if k == "switch":

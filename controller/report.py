@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch
 
+from controller.numfmt import span_end
 from policies.types import verified_accept_length
 from store import ALL_WORKLOADS, Reader
 
@@ -55,14 +56,6 @@ class ReportSummary:
 
 def _dt(ts: Iterable[float]) -> list[dt.datetime]:
     return [dt.datetime.fromtimestamp(t, tz=dt.UTC) for t in ts]
-
-
-def span_text(a: float, b: float) -> str:
-    """The period [a, b] for a title, the end's date given only where it is not the start's: a
-    24-hour report reads "2026-12-05 05:00 to 2026-12-06 05:00 UTC", not "... to 05:00"."""
-    start, end = _dt([a, b])
-    fmt = "%H:%M" if end.date() == start.date() else "%Y-%m-%d %H:%M"
-    return f"{start:%Y-%m-%d %H:%M} to {end.strftime(fmt)} UTC"
 
 
 def _binned(t: np.ndarray, v: np.ndarray, n: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
@@ -213,7 +206,8 @@ def render_report(
         fig.suptitle(
             f"{title}: {len(switches)} switches"
             + (f", {len(decisions)} advisory switch decisions" if decisions else "")
-            + f" · {span_text(min(drawn), max(drawn))}"
+            + f" · {_dt([min(drawn)])[0]:%Y-%m-%d %H:%M} to"
+            + f" {span_end(min(drawn), max(drawn), '%H:%M')} UTC"
         )
         handles, _ = ax.get_legend_handles_labels()
         handles += [Patch(color=colour[p], alpha=0.3, label=f"running {p}") for p in seen]

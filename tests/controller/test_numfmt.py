@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.numfmt import num
+from controller.numfmt import num, span_end
 
 
 @pytest.mark.parametrize(
@@ -31,3 +31,10 @@ def test_num_digits_and_none() -> None:
     assert num(None, none="-") == "-"
     assert num(12.345, 4) == "12.35"
     assert num(12345.0, 4) == "12,345"
+
+
+def test_a_span_end_is_dated_only_on_another_day() -> None:
+    midnight = 1_800_057_600.0  # 2027-01-16 00:00:00 UTC
+    assert span_end(midnight - 600, midnight - 5, "%H:%M:%S") == "23:59:55"
+    assert span_end(midnight - 600, midnight + 5, "%H:%M:%S") == "2027-01-16 00:00:05"
+    assert span_end(midnight - 86400 + 18000, midnight + 18000, "%H:%M") == "2027-01-16 05:00"
