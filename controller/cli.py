@@ -276,11 +276,24 @@ def status(
         console.print_json(json.dumps(st))
         return
     ov = st["overrides"]
+    last = st["last_decision"]
+
+    def until(o: dict[str, Any]) -> str:
+        """When a pin or pause ends (the daemon's clock, UTC), dated only on another day than
+        the last decision's; nothing for one without a TTL."""
+        end = o.get("until_s")
+        if end is None:
+            return ""
+        return f" until {span_end(last['t_s'] if last else end, end, '%H:%M:%S')}"
+
+    pin = f"{ov['pin']['profile']}{until(ov['pin'])}" if ov["pin"] else "-"
+    paused = f"yes{until(ov['pause'])}" if ov["pause"] else "no"
+    # Two lines: each fits 80 columns with a pin's and a pause's end times.
     console.print(
         f"profile [bold]{st['profile']}[/bold]  mode {st['mode']}  "
-        f"pin {ov['pin']['profile'] if ov['pin'] else '-'}  "
-        f"paused {'yes' if ov['pause'] else 'no'}  blocked {ov['blocked_reason'] or 'no'}"
+        f"blocked {escape(ov['blocked_reason'] or 'no')}"
     )
+    console.print(f"pin {escape(pin)}  paused {paused}")
     # Profile names and numbers are never cut (a pipe or a narrow terminal is 80 columns): the
     # source (estimate provenance, the longest cell) wraps instead.
     t = Table(

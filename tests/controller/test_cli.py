@@ -7,6 +7,7 @@ import asyncio
 import csv
 import datetime as dt
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -99,7 +100,13 @@ def test_operator_commands(live: LiveDaemon) -> None:
     env = {"SPECPILOT_API_TOKEN": TOKEN}
     r = cli("pause", "--ttl-s", "600", "--reason", "maintenance & more", "--api", live.url, env=env)
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["pause"]["until_s"] > 0
+    until = json.loads(r.output)["pause"]["until_s"]
+    assert until > 0
+    # status says until when, as the history dates it (the daemon's clock, UTC).
+    r = cli("status", "--api", live.url)
+    assert r.exit_code == 0, r.output
+    at = dt.datetime.fromtimestamp(until, tz=dt.UTC)  # dated where it is another day
+    assert re.search(rf"paused yes until ({at:%Y-%m-%d} )?{at:%H:%M:%S}", r.output), r.output
     r = cli("resume", "--reason", "done?", "--api", live.url, env=env)
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["pause"] is None
@@ -108,7 +115,11 @@ def test_operator_commands(live: LiveDaemon) -> None:
     assert json.loads(r.output)["mode"] == "advisory"
     r = cli("pin", "eagle3-5step", "--ttl-s", "3600", "--api", live.url, env=env)
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["pin"]["profile"] == "eagle3-5step"
+    pin = json.loads(r.output)["pin"]
+    assert pin["profile"] == "eagle3-5step"
+    r = cli("status", "--api", live.url)
+    at = dt.datetime.fromtimestamp(pin["until_s"], tz=dt.UTC)
+    assert re.search(rf"pin eagle3-5step until ({at:%Y-%m-%d} )?{at:%H:%M:%S}", r.output)
     r = cli("unpin", "--reason", "a=b&c", "--api", live.url, env=env)
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["pin"] is None
