@@ -224,7 +224,7 @@ class Controller:
                 wanted = wanted or interrupted["from_profile"]
                 if wanted in self.specs:
                     first = str(wanted)
-            d = Decision(now, Action.SWITCH, first, Reason.SWITCH_MANUAL, {"startup": True})
+            d = Decision(now, Action.SWITCH, first, Reason.START, {"startup": True})
             result, sid = await self._actuate(d, start=True)
             if sid is None and result.outcome is SwitchOutcome.SKIPPED_ADVISORY:
                 log.warning(

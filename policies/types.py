@@ -57,6 +57,9 @@ class Reason(StrEnum):
     ROLLBACK_TRIAL_FAILED = "rollback_trial_failed"
     ROLLBACK_CRASH = "rollback_crash"
     RESTART_CRASHED = "restart_crashed"  # the server died outside a switch: same profile again
+    # The daemon started a server it found down: at its start, the initial profile (or the
+    # interrupted switch's); no decision of the policy's or a person's.
+    START = "start"
 
 
 @dataclass(frozen=True)

@@ -309,7 +309,7 @@ def test_history(recorded: Path) -> None:
     assert [e["t_s"] for e in events] == sorted(e["t_s"] for e in events)
     switches = [e for e in events if e["kind"] == "switch"]
     assert [s["reason"] for s in switches][:4] == [
-        "switch_manual",  # the initial start
+        "start",  # the initial start
         "explore",
         "switch_predicted_gain",
         "switch_pinned",

@@ -37,7 +37,7 @@ def test_demo_runs_and_summarises(tmp_path: Path) -> None:
     assert f"server log {log}" in out  # the header names it, unwrapped
     assert log.stat().st_size > 0
     assert "demo summary" in out
-    assert "switch (start) -> baseline" in out  # the simulator was started by the controller
+    assert "switch (start) -> baseline: start (ok" in out  # the controller started the simulator
     assert "client requests ok / failed attempts" in out
     assert db.exists()
 

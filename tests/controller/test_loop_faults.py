@@ -144,7 +144,7 @@ async def _learn_then_trial(run: Running, raw: dict[str, Any]) -> list[dict[str,
     run.ctl.unpin("learned", "test")
     rows = await wait_for(lambda: finished(raw, 4), 30, "trial switch and what followed", db=raw)
     assert [r["reason"] for r in rows[:3]] == [
-        "switch_manual",
+        "start",
         "switch_pinned",
         "switch_predicted_gain",
     ]

@@ -146,7 +146,7 @@ async def test_switches_rollbacks_and_scrape_errors(rig: Rig) -> None:
     s = await scrape(rig)
     assert rig.controller.running == "eagle3-2step"
     assert val(s, "specpilot_switches_total", reason="switch_pinned", outcome="ok") == 1
-    assert val(s, "specpilot_switches_total", reason="switch_manual", outcome="ok") == 1  # start
+    assert val(s, "specpilot_switches_total", reason="start", outcome="ok") == 1
     assert val(s, "specpilot_restart_downtime_seconds_count") == 2  # the start was 0 s
     assert val(s, "specpilot_restart_downtime_seconds_sum") == pytest.approx(60.0)
     assert val(s, "specpilot_current_profile", profile="eagle3-2step") == 1
