@@ -88,10 +88,9 @@ def _fail(msg: str, code: int = 1) -> typer.Exit:
 def finite_float(
     *, gt: float | None = None, ge: float | None = None, le: float | None = None
 ) -> Callable[[str | float], float]:
-    """An option parser (`typer.Option(parser=finite_float(gt=0))`): a finite number within the
-    bounds, else typer.BadParameter, which typer reports as one "Invalid value for '--opt'"
-    error with exit status 2 (nan and inf are refused: they would reach JSON bodies and
-    divisions)."""
+    """An option parser (float_option's): a finite number within the bounds, else
+    typer.BadParameter, which typer reports as one "Invalid value for '--opt'" error with exit
+    status 2 (nan and inf are refused: they would reach JSON bodies and divisions)."""
     bounds = [f"> {gt:g}" if gt is not None else "", f">= {ge:g}" if ge is not None else ""]
     bounds.append(f"<= {le:g}" if le is not None else "")
     want = " and ".join(b for b in bounds if b)
@@ -112,6 +111,12 @@ def finite_float(
         return v
 
     return parse
+
+
+def float_option(*flags: str, help: str, **bounds: float) -> Any:
+    """A typer option of one finite number within `bounds` (finite_float's gt, ge, le), shown
+    as <float>: every float flag of the CLI."""
+    return typer.Option(*flags, parser=finite_float(**bounds), metavar="<float>", help=help)
 
 
 def _api_detail(payload: Any, text: str) -> str:
@@ -227,21 +232,15 @@ def run(
 def demo(
     duration_s: Annotated[
         float,
-        typer.Option(
-            "--duration-s",
-            parser=finite_float(gt=0),
-            metavar="<float>",
-            help="Real seconds the demo runs (default 180).",
-        ),
+        float_option("--duration-s", help="Real seconds the demo runs (default 180).", gt=0),
     ] = 180.0,
     speed: Annotated[
         float,
-        typer.Option(
+        float_option(
             "--speed",
-            parser=finite_float(gt=0),
-            metavar="<float>",
             help="Simulated seconds per real second (50: 3 real minutes = 2.5 simulated hours; "
             "much faster and one CPU cannot drive 48 simulated streams).",
+            gt=0,
         ),
     ] = 50.0,
     port: Annotated[
@@ -348,9 +347,7 @@ def pin(
     profile: str,
     ttl_s: Annotated[
         float | None,
-        typer.Option(
-            "--ttl-s", parser=finite_float(gt=0), metavar="<float>", help="Expiry in seconds."
-        ),
+        float_option("--ttl-s", help="Expiry in seconds.", gt=0),
     ] = None,
     reason: ReasonOpt = "",
     api: ApiOpt = None,
@@ -374,9 +371,7 @@ def unpin(
 def pause(
     ttl_s: Annotated[
         float,
-        typer.Option(
-            "--ttl-s", parser=finite_float(gt=0), metavar="<float>", help="Seconds to pause."
-        ),
+        float_option("--ttl-s", help="Seconds to pause.", gt=0),
     ] = 3600.0,
     reason: ReasonOpt = "",
     api: ApiOpt = None,
@@ -760,39 +755,23 @@ TABLE_MAX_STEP = 7
 def breakeven(
     baseline_tok_s: Annotated[
         float | None,
-        typer.Option(
-            "--baseline-tok-s",
-            parser=finite_float(gt=0),
-            metavar="<float>",
-            help="Baseline (no speculation) tok/s.",
-        ),
+        float_option("--baseline-tok-s", help="Baseline (no speculation) tok/s.", gt=0),
     ] = None,
     cycle_ms: Annotated[
         float | None,
-        typer.Option(
-            "--cycle-ms",
-            parser=finite_float(gt=0),
-            metavar="<float>",
-            help="Speculative cycle time, ms.",
-        ),
+        float_option("--cycle-ms", help="Speculative cycle time, ms.", gt=0),
     ] = None,
     target: Annotated[
         list[float] | None,
-        typer.Option(
-            "--target-tok-s",
-            parser=finite_float(gt=0),
-            metavar="<float>",
-            help="Targets to price (default 100 and 120).",
-        ),
+        float_option("--target-tok-s", help="Targets to price (default 100 and 120).", gt=0),
     ] = None,
     accept_length: Annotated[
         float | None,
-        typer.Option(
+        float_option(
             "--accept-length",
-            parser=finite_float(ge=1),
-            metavar="<float>",
             help="The accept length measured (drafts + bonus, SGLang's spec_accept_length): "
             "say what it gives at --cycle-ms and whether that beats the baseline.",
+            ge=1,
         ),
     ] = None,
     table: Annotated[
@@ -988,10 +967,10 @@ CALIBRATE_MAX_S = 86400.0
 def sim_calibrate(
     seconds: Annotated[
         float,
-        typer.Option(
-            parser=finite_float(gt=0, le=CALIBRATE_MAX_S),
-            metavar="<float>",
+        float_option(
             help=f"Simulated seconds per profile and config (at most {CALIBRATE_MAX_S:g}).",
+            gt=0,
+            le=CALIBRATE_MAX_S,
         ),
     ] = 600.0,
     seed: int = 0,

@@ -201,13 +201,13 @@ def render_report(
 
         # The title's period: everything drawn, a switch before the first point included.
         drawn = [*band_t, *(s["started_s"] for s in switches), *(d["t_s"] for d in decisions)]
+        first, last = min(drawn), max(drawn)
         ax.set_ylim(0, top)
         ax.set_ylabel("output tokens/s")
         fig.suptitle(
             f"{title}: {len(switches)} switches"
             + (f", {len(decisions)} advisory switch decisions" if decisions else "")
-            + f" · {_dt([min(drawn)])[0]:%Y-%m-%d %H:%M} to"
-            + f" {span_end(min(drawn), max(drawn), '%H:%M')} UTC"
+            + f" · {_dt([first])[0]:%Y-%m-%d %H:%M} to {span_end(first, last, '%H:%M')} UTC"
         )
         handles, _ = ax.get_legend_handles_labels()
         handles += [Patch(color=colour[p], alpha=0.3, label=f"running {p}") for p in seen]

@@ -1,4 +1,4 @@
-"""Shared helpers for the bench tests: small in-memory scenarios."""
+"""Shared helpers for the bench tests: small in-memory scenarios, and a policy's every tick."""
 
 from __future__ import annotations
 
@@ -6,7 +6,24 @@ from typing import Any
 
 import pytest
 
+from controller.bench.peers import BenchPolicy
 from controller.bench.scenario import Scenario, scenario_from_dict
+from policies.types import Decision, Observation
+
+
+def record_ticks(policy: BenchPolicy) -> list[tuple[Observation, Decision]]:
+    """From now on, every (observation, decision) of `policy`'s ticks, in order, in the list
+    returned (a replay keeps the decisions' reasons, not their diagnostics)."""
+    log: list[tuple[Observation, Decision]] = []
+    tick = policy.tick
+
+    def logged(obs: Observation, now_s: float) -> Decision:
+        d = tick(obs, now_s)
+        log.append((obs, d))
+        return d
+
+    policy.tick = logged  # type: ignore[method-assign]
+    return log
 
 
 def make_scenario(**over: Any) -> Scenario:

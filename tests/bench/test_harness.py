@@ -17,7 +17,7 @@ from controller.bench.peers import Greedy, Specpilot, SpecpilotHybrid, Static
 from controller.bench.scenario import Scenario, bench_profile, load_scenario, scenario_from_dict
 from policies.types import Action, Decision, Observation, ProfileSpec, Reason
 from simulator.engine import StepEngine, drive_closed_loop
-from tests.bench.conftest import make_scenario
+from tests.bench.conftest import make_scenario, record_ticks
 
 STRESS = Path(__file__).resolve().parents[2] / "scenarios" / "stress"
 
@@ -504,15 +504,9 @@ def test_noisy_windows_of_a_stationary_day_keep_the_last_evaluations_reason() ->
         }
     )
     policy = Specpilot()
-    decisions: list[Decision] = []
-    tick = policy.tick
-
-    def recording_tick(obs: Observation, now_s: float) -> Decision:
-        decisions.append(tick(obs, now_s))
-        return decisions[-1]
-
-    policy.tick = recording_tick  # type: ignore[method-assign]
+    log = record_ticks(policy)
     replay(sc, policy)
+    decisions = [d for _, d in log]
     moved = [d for d in decisions if d.diagnostics.get("traffic_moved_unconfirmed")]
     assert len(moved) >= 10
     assert {d.reason for d in moved} <= {Reason.HOLD_BEST, Reason.HOLD_WITHIN_MARGIN}

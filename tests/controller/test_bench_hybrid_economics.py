@@ -14,6 +14,7 @@ from controller.bench.harness import replay
 from controller.bench.scenario import HYBRID_PROFILE, load_scenario, shipped_scenarios_dir
 from policies.hybrid import parse_table, route
 from policies.types import Decision, Observation, Reason
+from tests.bench.conftest import record_ticks
 
 H = HYBRID_PROFILE
 TWO = "eagle3-2step"
@@ -23,15 +24,7 @@ TWO = "eagle3-2step"
 def run() -> tuple[peers.SpecpilotHybrid, list[tuple[Observation, Decision]]]:
     sc = load_scenario(shipped_scenarios_dir() / "tuned-one-stream.toml").scaled(60.0 / 1440.0)
     pol = peers.SpecpilotHybrid(sc.max_running_requests)
-    log: list[tuple[Observation, Decision]] = []
-    tick = pol.tick
-
-    def logged(obs: Observation, now_s: float) -> Decision:
-        d = tick(obs, now_s)
-        log.append((obs, d))
-        return d
-
-    pol.tick = logged  # type: ignore[method-assign]
+    log = record_ticks(pol)
     replay(sc, pol)
     return pol, log
 
