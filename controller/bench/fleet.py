@@ -267,7 +267,8 @@ def fleet_replay(
     )
     if (on_fleet := getattr(policy, "on_fleet", None)) is not None:
         on_fleet(fs)  # a policy that prices its switches by the fleet's (as FleetController)
-    policy.start([catalog[p].spec for p in scenario.profiles], initial, 0.0)
+    launch = policy.start([catalog[p].spec for p in scenario.profiles], initial, 0.0)
+    first = peers.first_decision(launch, initial)
     canary_index = list(range(n))[fs.canary_replica]
     everyone = list(range(n))
     running = initial
@@ -326,7 +327,9 @@ def fleet_replay(
             record(Action.HOLD, running, Reason.HOLD_TRIAL)
         else:
             obs = deployment_window(windows, running)
-            if obs is None:
+            if t == 0.0:
+                d = first  # the first scrape: no window yet; a static profile's launch
+            elif obs is None:
                 # The fleet's first scrape after a start: no window yet, the policy is not asked.
                 d = Decision(t, Action.HOLD, running, Reason.HOLD_INSUFFICIENT_DATA, {})
             else:

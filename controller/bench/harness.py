@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from controller.bench.counters import ServerCounters
-from controller.bench.peers import BenchPolicy
+from controller.bench.peers import BenchPolicy, first_decision
 from controller.bench.scenario import BenchProfile, Scenario
 from policies.hybrid_decide import rewrites_table
 from policies.observation import diff
@@ -241,7 +241,7 @@ def replay(
     end = scenario.duration_s
     out = Replay(scenario.name, policy.name, initial, end)
     specs = [catalog[n].spec for n in scenario.profiles]
-    policy.start(specs, initial, 0.0)
+    first = first_decision(policy.start(specs, initial, 0.0), initial)
     server = VirtualServer(
         scenario,
         catalog,
@@ -258,7 +258,9 @@ def replay(
         snap = server.snapshot(t)
         obs = diff(prev, snap) if prev is not None and prev.profile == snap.profile else None
         prev = snap
-        if obs is None:
+        if t == 0.0:
+            d = first  # the first scrape: no window yet; a static profile's launch
+        elif obs is None:
             # The daemon's first scrape after a start: no window yet, the policy is not asked.
             d = Decision(t, Action.HOLD, server.profile, Reason.HOLD_INSUFFICIENT_DATA, {})
         else:

@@ -41,11 +41,23 @@ if TYPE_CHECKING:
 class BenchPolicy(Protocol):
     name: str
 
-    def start(self, profiles: Sequence[ProfileSpec], running: str, now_s: float) -> None: ...
+    def start(self, profiles: Sequence[ProfileSpec], running: str, now_s: float) -> str | None:
+        """Reset for a replay whose server runs `running`; return the profile to launch instead
+        at once (a static profile's one restart at the start), or None to keep it. The first
+        scrape has no window, so a policy is first asked one poll later."""
+        ...
 
     def tick(self, obs: Observation, now_s: float) -> Decision: ...
 
     def switch_done(self, profile: str, ok: bool, downtime_s: float, now_s: float) -> None: ...
+
+
+def first_decision(launch: str | None, running: str) -> Decision:
+    """What a replay does at its first scrape (t = 0, no window yet): launch the profile that
+    `BenchPolicy.start` asked for, else hold for data."""
+    if launch is not None and launch != running:
+        return _switch(0.0, launch, Reason.SWITCH_PINNED)
+    return _hold(0.0, running, Reason.HOLD_INSUFFICIENT_DATA)
 
 
 def _hold(now_s: float, profile: str, reason: Reason, **diag: Any) -> Decision:
@@ -76,8 +88,8 @@ class Static:
         self.profile = profile
         self.name = name or f"static:{profile}"
 
-    def start(self, profiles: Sequence[ProfileSpec], running: str, now_s: float) -> None:
-        pass
+    def start(self, profiles: Sequence[ProfileSpec], running: str, now_s: float) -> str | None:
+        return self.profile if running != self.profile else None
 
     def tick(self, obs: Observation, now_s: float) -> Decision:
         if obs.profile != self.profile:

@@ -573,8 +573,8 @@ def test_fleet_oracles_bound_the_statics_on_a_real_replay() -> None:
     statics = {n: res.replays[n].tokens for n in res.replays if n.startswith("static:")}
     assert len(statics) == 3
     assert tokens["oracle_dp"] <= tokens["oracle_free"]
-    # The oracle can do what every static does (its rollout one tick earlier); the statics'
-    # replays draw their own noise and the oracle's rollouts use measured mean rates: 0.2%.
+    # The oracle can do what every static does (a rollout at t = 0); the statics' replays draw
+    # their own noise and the oracle's rollouts use measured mean rates: 0.2%.
     for name, t in statics.items():
         assert tokens["oracle_dp"] >= t * (1 - 0.002), name
     assert tokens["best_static"] == max(statics.values())
@@ -593,6 +593,13 @@ def test_same_seed_same_tokens_other_seed_other_tokens() -> None:
     f = _fleet(fleet_scenario(), "eagle3-2step")
     f.serve(0.0, 60.0)
     assert len({tuple(r.hist) for r in f.replicas}) == 3
+
+
+def test_a_static_profile_rolls_out_at_the_start() -> None:
+    rep = fb.fleet_replay(fleet_scenario(), Static("eagle3-2step"))
+    (s,) = rep.switches
+    assert s.t_s == 0.0 and s.to_profile == "eagle3-2step"
+    assert fb.fleet_replay(fleet_scenario(), Static("baseline")).switches == []
 
 
 def test_a_fleet_replay_needs_a_fleet() -> None:

@@ -92,6 +92,21 @@ def test_restart_downtime_and_observations() -> None:
     assert rep.segments[-1].t1 == sc.duration_s
 
 
+@pytest.mark.parametrize("poll_interval_s", [10.0, 3600.0])
+def test_a_static_profile_is_launched_at_the_start(poll_interval_s: float) -> None:
+    # Its one restart starts at t = 0, not a poll later: a scenario shorter than one poll would
+    # otherwise report the initial profile's tokens under the static profile's name.
+    sc = make_scenario(poll_interval_s=poll_interval_s)
+    rep = replay(sc, Static("eagle3-5step"))
+    (s,) = rep.switches
+    assert s.t_s == 0.0 and (s.from_profile, s.to_profile) == ("baseline", "eagle3-5step")
+    assert s.reason == Reason.SWITCH_PINNED.value
+    served = {g.profile for g in rep.segments if g.tokens > 0}
+    assert served == {"eagle3-5step"}
+    # The initial profile's static row keeps its server: no restart at all.
+    assert replay(sc, Static("baseline")).switches == []
+
+
 def test_windows_split_at_phase_boundaries() -> None:
     sc = make_scenario(poll_interval_s=7.0)
     rep = replay(sc, Static("baseline"))
