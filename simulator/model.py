@@ -846,6 +846,8 @@ def load_profile(name_or_path: str, overrides: Mapping[str, Any] | None = None) 
     try:
         with path.open("rb") as fh:
             raw = tomllib.load(fh)
+    except UnicodeDecodeError:
+        raise ProfileError(source, "<file>", "not UTF-8 text, so not TOML") from None
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(source, "<file>", f"not valid TOML ({exc})") from exc
     return profile_from_dict(raw, source=source, overrides=overrides)

@@ -40,7 +40,8 @@ HOURS_SCALE_ENV = "SPECPILOT_BENCH_HOURS_SCALE"
 
 def scenario_paths(given: list[Path]) -> list[Path]:
     """The scenario files `--scenario` names: a file as given, a directory as every *.toml in
-    it (sorted). ScenarioError for a path that is neither, or a directory without one."""
+    it (sorted), each file once. ScenarioError for a path that is neither, or a directory
+    without one."""
     out: list[Path] = []
     for p in given:
         if p.is_dir():
@@ -52,7 +53,22 @@ def scenario_paths(given: list[Path]) -> list[Path]:
             out.append(p)
         else:
             raise ScenarioError(str(p), "--scenario", "no such file or directory")
-    return out
+    seen: set[Path] = set()
+    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+
+
+def check_unique_names(scenarios: list[Scenario]) -> None:
+    """ScenarioError when two files give the same `name`: it keys their rows and PNG files."""
+    first: dict[str, str] = {}
+    for sc in scenarios:
+        if sc.name in first:
+            raise ScenarioError(
+                sc.source,
+                "name",
+                f"{sc.name!r} is also the name of {first[sc.name]}: a name keys the results "
+                "(JSON rows, the PNG file); rename one",
+            )
+        first[sc.name] = sc.source
 
 
 def generate_scenarios(
@@ -118,9 +134,10 @@ def bench(
         typer.Option(
             "--policy",
             "-p",
-            help="Only these rows (repeatable): specpilot, oracle_dp, oracle_free, best_static, "
-            "static:<profile>, sglang_adaptive, vllm_batch_threshold, greedy, ucb. The oracles "
-            "and static profiles are always computed (the ratios need them).",
+            help="Only these rows (repeatable): specpilot, specpilot_hybrid, oracle_dp, "
+            "oracle_free, best_static, static:<profile>, sglang_adaptive, vllm_batch_threshold, "
+            "greedy, ucb. The oracles and static profiles are always computed (the ratios need "
+            "them).",
         ),
     ] = None,
     hours_scale: Annotated[
@@ -165,6 +182,7 @@ def bench(
             raise typer.Exit(2) from None
     try:
         scenarios = [load_scenario(p).scaled(scale) for p in paths]
+        check_unique_names(scenarios)
     except ScenarioError as e:
         err.print(f"[red]specpilot bench:[/red] {escape(str(e))}")
         raise typer.Exit(2) from None
@@ -193,7 +211,10 @@ def bench(
             mine = [p for p in policies if p in names[sc.name]]
             for p in policies:
                 if p not in mine:
-                    err.print(f"specpilot bench: {sc.name} has no {p!r} row; left out there")
+                    err.print(
+                        f"specpilot bench: {escape(sc.name)} has no {escape(repr(p))} row; "
+                        "left out there"
+                    )
             work.append((sc, mine))
     scenarios = [sc for sc, _ in work]
     # Before minutes of replay: an output that cannot be written would lose them.
@@ -210,18 +231,18 @@ def bench(
     else:
         results = []
         for sc, wanted in work:
-            with console.status(f"replaying {sc.name}"):
+            with console.status(f"replaying {escape(sc.name)}"):
                 results.append(run_scenario(sc, wanted))
     missed = print_results(results, console, timing=timing)
     try:
         if json_out is not None:
             write_json(results, json_out)
-            console.print(f"wrote {json_out}")
+            console.print(f"wrote {escape(str(json_out))}")
         if png_dir is not None:
             for res in results:
                 out = png_dir / png_name(res.scenario)
                 plot_scenario(res, out)
-                console.print(f"wrote {out}")
+                console.print(f"wrote {escape(str(out))}")
     except OSError as e:  # checked above; the disk filled up or the path changed since
         err.print(f"[red]specpilot bench:[/red] cannot write the results: {escape(str(e))}")
         raise typer.Exit(1) from None

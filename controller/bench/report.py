@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from controller.bench.fleet import fleet_notes
@@ -45,12 +46,13 @@ def _fmt_delay(r: Row) -> str:
 
 def scenario_table(res: ScenarioResult) -> Table:
     sc = res.scenario
-    title = f"{sc.name} [{sc.kind}]"
+    # The file's own text is not markup: "[/x]" in a description must print, not raise.
+    title = escape(f"{sc.name} [{sc.kind}]")
     if sc.hours_scale != 1.0:
         title += f" (hours x{sc.hours_scale:g})"
     if sc.replicas > 1:
         title += f" ({sc.replicas} replicas)"
-    t = Table(title=title, caption=sc.description or None, title_justify="left")
+    t = Table(title=title, caption=escape(sc.description) or None, title_justify="left")
     t.add_column("policy")
     t.add_column("tokens", justify="right")
     t.add_column("/oracle_dp", justify="right")
@@ -264,6 +266,11 @@ def _runs(rep: Replay) -> list[tuple[float, float, str | None]]:
     return out
 
 
+def _plain(text: str) -> str:
+    """`text` for matplotlib as written: a "$" would start mathtext (italics, or an error)."""
+    return text.replace("$", r"\$")
+
+
 def plot_scenario(res: ScenarioResult, path: Path) -> None:
     import matplotlib
 
@@ -303,13 +310,13 @@ def plot_scenario(res: ScenarioResult, path: Path) -> None:
             ax.text(
                 (ph.start_s + 0.01 * end) / 3600.0,
                 top * 0.98,
-                ph.describe(),
+                _plain(f"{ph.label}: {ph.describe()}"),
                 fontsize=7,
                 va="top",
                 rotation=90 if len(sc.phases) > 6 else 0,
             )
     ax.set_ylabel("output tok/s")
-    ax.set_title(f"{sc.name}: {sc.description}", fontsize=10)
+    ax.set_title(_plain(f"{sc.name}: {sc.description}" if sc.description else sc.name), fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_ylim(bottom=0)
 

@@ -18,7 +18,8 @@ initial_profile = "baseline"      # optional, default baseline: the profile runn
 profiles = ["baseline", "eagle3-2step", "eagle3-5step"]   # optional, the candidates (default)
 max_running_requests = 128        # optional, the same for every profile (default: the profile's)
 repeat = 1                        # optional: play the phase list this many times
-kind = "changing"                 # optional: stationary | changing | burst (which targets apply)
+kind = "changing"                 # optional: stationary | changing | burst (which targets apply;
+                                  #   default: stationary when every phase has the same conditions)
 
 [profile_overrides]               # optional, passed to simulator.model.load_profile
 restart_s = 120
@@ -40,8 +41,9 @@ Size limits (a replay is virtual time, but every poll of every policy is real wo
 such as `duration_s = 1e300` would otherwise run for ever): a scenario lasts at most
 MAX_SCENARIO_S (30 days, phases x repeat, and after `--hours-scale`), so a phase too; a ramp
 has at most MAX_RAMP_STEPS sub-phases; a scenario at most MAX_PHASES sub-phases in all and
-MAX_POLLS polls (its duration / poll_interval_s). `name` names the --png-dir file, so it may
-not hold a path separator.
+MAX_POLLS polls (its duration / poll_interval_s); a workload's `output_tokens` is at most 1e6
+and its `output_sigma` at most 4. `name` names the --png-dir file, so it may not hold a path
+separator nor pass MAX_NAME_BYTES bytes.
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ MAX_SCENARIO_S = 30 * 86400.0
 MAX_RAMP_STEPS = 1000
 MAX_PHASES = 100_000
 MAX_POLLS = 500_000
+MAX_NAME_BYTES = 200  # file names stop at 255 bytes; the PNG adds ".png"
 
 _TOP_KEYS = {
     "name",
@@ -130,6 +133,10 @@ _PHASE_KEYS = {
     "label",
 }
 _WORKLOAD_KEYS = {"alpha", "output_tokens", "prompt_tokens", "output_sigma"}
+# A request's length law is a table as long as its longest output (8 x the mean), so a typo of
+# a million tokens would take gigabytes; a log-sd past 4 puts the mean in a tail the clip at
+# 8 x the mean cuts off (lengths of 1 and nothing served). Prompts only cost prefill time.
+_WORKLOAD_MAX = {"alpha": 1.0, "output_tokens": 1_000_000.0, "output_sigma": 4.0}
 
 
 @dataclass(frozen=True)
@@ -423,9 +430,16 @@ def _workloads(source: str, raw: Any) -> dict[str, Workload]:
         kw: dict[str, float] = {}
         for k in _WORKLOAD_KEYS:
             if k in table:
-                kw[k] = _num(source, f"{key}.{k}", table[k], positive=k != "alpha")
-        if "alpha" in kw and not 0.0 <= kw["alpha"] <= 1.0:
-            raise ScenarioError(source, f"{key}.alpha", f"must be in [0, 1] (got {kw['alpha']})")
+                kw[k] = _num(
+                    source,
+                    f"{key}.{k}",
+                    table[k],
+                    positive=k not in ("alpha", "output_sigma"),
+                    maximum=_WORKLOAD_MAX.get(k),
+                )
+        for k, lo in (("alpha", 0.0), ("output_sigma", 0.0)):
+            if k in kw and kw[k] < lo:
+                raise ScenarioError(source, f"{key}.{k}", f"must be >= {lo:g} (got {kw[k]:g})")
         try:
             out[name] = replace(base, **kw) if base is not None else Workload(name=name, **kw)
         except ValueError as exc:
@@ -567,8 +581,17 @@ def _fleet_keys(source: str, raw: Mapping[str, Any]) -> tuple[int, float | None,
     return replicas, frac, canary
 
 
-def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "<dict>") -> Scenario:
-    """Validate a parsed scenario document (see the module docstring)."""
+def _is_path(profile: str) -> bool:
+    """Whether `profile` names a profile file rather than a built-in profile."""
+    p = Path(profile)
+    return p.suffix == ".toml" or len(p.parts) > 1
+
+
+def scenario_from_dict(
+    raw: Mapping[str, Any], *, source: str = "<dict>", base_dir: Path | None = None
+) -> Scenario:
+    """Validate a parsed scenario document (see the module docstring). A relative profile
+    file path is read from `base_dir` (the scenario file's directory) where it is there."""
     _unknown(source, "", raw, _TOP_KEYS)
     for req in ("name", "profile", "phases"):
         if req not in raw:
@@ -580,6 +603,13 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "<dict>") -> Sce
             "name",
             f"must not hold a path separator: it names the --png-dir file (got {name!r})",
         )
+    if len(name.encode()) > MAX_NAME_BYTES:
+        raise ScenarioError(
+            source,
+            "name",
+            f"at most {MAX_NAME_BYTES} bytes: it names the --png-dir file "
+            f"(got {len(name.encode())})",
+        )
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise ScenarioError(source, "description", "must be a string")
@@ -587,14 +617,20 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "<dict>") -> Sce
     overrides = raw.get("profile_overrides", {})
     if not isinstance(overrides, dict):
         raise ScenarioError(source, "profile_overrides", "must be a table")
+    if base_dir is not None and _is_path(profile) and (base_dir / profile).is_file():
+        profile = str(base_dir / profile)  # a profile file beside the scenario file
     try:
-        sim = load_profile(profile, overrides)
+        load_profile(profile)
     except FileNotFoundError:
         raise ScenarioError(
             source,
             "profile",
             f"unknown simulator profile {profile!r} (built-in: {', '.join(builtin_profiles())})",
         ) from None
+    except ValueError as exc:  # the profile file itself (its own file and key in the message)
+        raise ScenarioError(source, "profile", str(exc)) from exc
+    try:
+        sim = load_profile(profile, overrides)
     except ValueError as exc:
         raise ScenarioError(source, "profile_overrides", str(exc)) from exc
     seed = _int(source, "seed", raw.get("seed", 0), minimum=0)
@@ -639,8 +675,12 @@ def scenario_from_dict(raw: Mapping[str, Any], *, source: str = "<dict>") -> Sce
     if polls is not None:
         raise ScenarioError(source, "poll_interval_s", polls)
     replicas, max_unavailable, canary = _fleet_keys(source, raw)
-    if kind is None:
-        kind = "stationary" if len(phases) == 1 else "changing"
+    if kind is None:  # stationary where every phase has one set of conditions (repeat too)
+        conditions = {
+            (p.concurrency, tuple(sorted(p.mix.items())), p.verify_cost_scale, p.base_cost_scale)
+            for p in phases
+        }
+        kind = "stationary" if len(conditions) == 1 else "changing"
     return Scenario(
         name=name,
         description=description,
@@ -679,7 +719,7 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(source, "<file>", f"not valid TOML ({exc})") from exc
     except OSError as exc:
         raise ScenarioError(source, "<file>", f"cannot read it ({exc.strerror or exc})") from None
-    return scenario_from_dict(raw, source=source)
+    return scenario_from_dict(raw, source=source, base_dir=p.parent)
 
 
 def shipped_scenarios_dir() -> Path:

@@ -265,3 +265,60 @@ def test_an_absurd_hours_scale_is_refused(tmp_path: Path) -> None:
     sc.write_text(SHORT)
     r = runner.invoke(app, ["--scenario", str(sc), "--hours-scale", "1e300"])
     assert r.exit_code == 2 and "at most 30 days" in r.output
+
+
+def test_a_scenarios_own_text_is_printed_and_drawn_as_written(tmp_path: Path) -> None:
+    # Rich markup in the table ("[/x]" raised after every replay had run) and matplotlib's
+    # mathtext in the PNG ("$\\x$" raised): neither may lose the results.
+    sc = tmp_path / "t.toml"
+    text = SHORT.replace('name = "e2e"', 'name = "[red]e2e"\ndescription = "[/ratio] $\\\\nope$"')
+    sc.write_text(text.replace("concurrency = 64", 'concurrency = 64\nlabel = "rush $5"'))
+    out, png = tmp_path / "b.json", tmp_path / "png"
+    r = runner.invoke(
+        app, ["-s", str(sc), "-p", "specpilot", "--json", str(out), "--png-dir", str(png)]
+    )
+    assert r.exit_code == 0, r.output
+    assert "[red]e2e [changing]" in r.output and "[/ratio] $\\nope$" in r.output
+    assert f"wrote {png / '[red]e2e.png'}" in r.output
+    assert (png / "[red]e2e.png").stat().st_size > 0
+    assert {row["scenario"] for row in json.loads(out.read_text())} == {"[red]e2e"}
+
+
+def test_two_files_of_one_name_are_refused_and_one_file_twice_runs_once(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text(SHORT.replace("duration_s = 1200", "duration_s = 60"))
+    b.write_text(a.read_text())
+    r = runner.invoke(app, ["-s", str(tmp_path)])
+    assert r.exit_code == 2
+    assert f"{b}: name: 'e2e' is also the name of {a}" in r.output.replace("\n", "")
+    out = tmp_path / "o.json"
+    r = runner.invoke(app, ["-s", str(a), "-s", str(a), "-p", "specpilot", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(out.read_text())) == 1
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (("e2e", "x" * 201), "name: at most 200 bytes"),
+        (("[[phases]]", "[workloads.chat]\noutput_tokens = 1e9\n[[phases]]"), "must be <= 1000000"),
+        (("[[phases]]", "[workloads.chat]\noutput_sigma = 18\n[[phases]]"), "must be <= 4"),
+        (("[[phases]]", "[workloads.chat]\noutput_sigma = -1\n[[phases]]"), "must be >= 0"),
+    ],
+)
+def test_sizes_past_what_a_replay_can_hold_are_refused(
+    tmp_path: Path, edit: tuple[str, str], message: str
+) -> None:
+    sc = tmp_path / "s.toml"
+    sc.write_text(SHORT.replace(*edit, 1))
+    r = runner.invoke(app, ["-s", str(sc)])
+    assert r.exit_code == 2 and message in r.output.replace("\n", ""), r.output
+
+
+def test_fixed_output_lengths_are_a_workload(tmp_path: Path) -> None:
+    sc = tmp_path / "s.toml"
+    text = SHORT.replace("duration_s = 1200", "duration_s = 120")
+    sc.write_text(text.replace("[[phases]]", "[workloads.chat]\noutput_sigma = 0\n[[phases]]", 1))
+    assert load_scenario(sc).workloads["chat"].output_sigma == 0.0
+    r = runner.invoke(app, ["-s", str(sc), "-p", "specpilot"])
+    assert r.exit_code == 0, r.output

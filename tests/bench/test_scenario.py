@@ -223,3 +223,40 @@ def test_a_binary_file_is_refused_naming_it(tmp_path: Path) -> None:
     assert ei.value.key == "<file>" and str(p) in str(ei.value)
     with pytest.raises(ScenarioError, match="cannot read"):
         load_scenario(tmp_path)  # a directory
+
+
+def test_a_profile_file_beside_the_scenario_is_found_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from simulator.model import PROFILES_DIR
+
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "prof.toml").write_text((PROFILES_DIR / "kimi-k2.5-pcie-tuned.toml").read_text())
+    p = d / "s.toml"
+    p.write_text(GOOD.replace('"kimi-k2.5-pcie-tuned"', '"prof.toml"'))
+    monkeypatch.chdir(tmp_path)
+    sc = load_scenario(p)
+    assert sc.profile == str(d / "prof.toml")
+    assert sc.sim_profile().restart_s(bench_profile("baseline").sim) == pytest.approx(60.0)
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [(b"", "name: missing"), (b"\xff\xfe garbage", "<file>: not UTF-8 text")],
+)
+def test_a_bad_profile_file_is_blamed_on_profile_naming_the_file(
+    tmp_path: Path, content: bytes, problem: str
+) -> None:
+    (tmp_path / "prof.toml").write_bytes(content)
+    p = _write(tmp_path, GOOD.replace('"kimi-k2.5-pcie-tuned"', '"prof.toml"'))
+    with pytest.raises(ScenarioError) as ei:
+        load_scenario(p)
+    assert ei.value.key == "profile"
+    assert f"{tmp_path / 'prof.toml'}: {problem}" in str(ei.value)
+
+
+def test_one_phase_repeated_is_stationary_and_a_ramp_is_not(tmp_path: Path) -> None:
+    assert load_scenario(_write(tmp_path, "repeat = 3\n" + GOOD)).kind == "stationary"
+    ramp = GOOD.replace("concurrency = 2", "concurrency = 2\nverify_cost_scale = [1.0, 1.5]")
+    assert load_scenario(_write(tmp_path, ramp)).kind == "changing"
