@@ -215,8 +215,9 @@ class Controller:
         self._close_interrupted_switch(interrupted, found, now)
         self._load_loop_state()
         if self.running is None:
-            first = self.settings.server.initial_profile
-            if interrupted is not None:
+            chosen = self._operator_start_profile(now)
+            first = chosen or self.settings.server.initial_profile
+            if interrupted is not None and chosen is None:
                 # A process still loading is the interrupted switch's target: wait for it (the
                 # actuator adopts a server loading the asked profile); otherwise bring back the
                 # profile that served before the switch.
@@ -226,6 +227,15 @@ class Controller:
                     first = str(wanted)
             d = Decision(now, Action.SWITCH, first, Reason.START, {"startup": True})
             result, sid = await self._actuate(d, start=True)
+            fallback = self.settings.server.initial_profile
+            if chosen is not None and result.outcome is SwitchOutcome.START_FAILED:
+                # The overrides' choice must not keep the daemon from starting at all.
+                log.error("could not start %s: %s; starting %s", first, result.error, fallback)
+                if self.overrides.pin_profile == first:
+                    self._drop_failed_pin(result)
+                first = fallback
+                d = Decision(now, Action.SWITCH, first, Reason.START, {"startup": True})
+                result, sid = await self._actuate(d, start=True)
             if sid is None and result.outcome is SwitchOutcome.SKIPPED_ADVISORY:
                 log.warning(
                     "advisory mode and no server on %s: waiting for one to adopt",
@@ -265,6 +275,17 @@ class Controller:
             self._serving(self.running)
         self.metrics.set_profile(self.running)
         self.metrics.set_mode(self.mode)
+
+    def _operator_start_profile(self, now: float) -> str | None:
+        """The profile the operator's overrides restored from the store ask a start with no
+        server up to launch instead of `initial_profile`: the pinned one while a pin is in
+        force, the last good one while a pause is (a pause holds what served), else None."""
+        o = self.overrides
+        if o.pin_active(now) and o.pin_profile in self.specs:
+            return str(o.pin_profile)
+        if o.pause_active(now) and self.last_good in self.specs:
+            return str(self.last_good)
+        return None
 
     def _serving(self, profile: str) -> None:
         """`profile` serves from now on (a start, switch, restart or adoption): remember the
@@ -905,8 +926,24 @@ class Controller:
             if pending_trial:
                 self._trial_row(switch_id, "failed", {"start_failed": result.error})
             log.error("switch to %s failed to start: %s", result.to_profile, result.error)
+            if self.overrides.pin_profile == result.to_profile:
+                self._drop_failed_pin(result)
             self._count_failed_start(result)
         self.metrics.set_profile(self.running)
+
+    def _drop_failed_pin(self, result: SwitchResult) -> None:
+        """A pinned profile that fails to start is unpinned (audit row by specpilot): kept, the
+        pin would start it again at every tick, the server down in between, until the failure
+        limit blocks everything; without it the next tick rolls back to what served."""
+        first_line = (result.error or "no detail").splitlines()[0]
+        why = f"{result.to_profile} failed to start: {first_line}"
+        new = self._current_overrides(pin_profile=None, pin_until_s=None)
+        try:
+            self._operator_change("unpin", "specpilot", new, reason=why)
+        except StoreError as e:
+            self._history_failed("the unpin of a profile that failed to start", e)
+            self.overrides = new
+        log.error("pin on %s dropped: %s; pin it again once it can start", result.to_profile, why)
 
     def _count_failed_start(self, result: SwitchResult) -> None:
         """The failure limit: after start_failure_limit failed starts in a row, automatic
@@ -1216,8 +1253,14 @@ class Controller:
         self._operator_change(
             "mode", actor, self._current_overrides(mode=mode), mode=mode, reason=reason
         )
+        leaving_advisory = self.mode is Mode.ADVISORY and mode is not Mode.ADVISORY
         self.mode = mode
         self.metrics.set_mode(mode)
+        if leaving_advisory and self.state is not None and not self._switching():
+            # Advice not acted on left the policy waiting for a switch that never began (it
+            # holds instead of repeating the advice): active now, it decides again at once
+            # rather than when that switch would have timed out.
+            self.state.pending = None
 
     def clear_block(self, reason: str, actor: str) -> None:
         self._operator_change(
@@ -1256,8 +1299,9 @@ class Controller:
     def start_manual_switch(self, profile: str, reason: str, actor: str) -> None:
         """A one-off switch asked by an operator; runs as a task (still a trial). Refused
         (ConflictError) while a switch is in flight, while a trial runs (its verdict or an abort
-        ends it first: a switch under it would leave it unjudged) and into the profile that
-        already runs (a restart for nothing)."""
+        ends it first: a switch under it would leave it unjudged), into the profile that
+        already runs (a restart for nothing) and away from a pin in force (the pin would switch
+        straight back)."""
         self._check_profile(profile)
         if self._switching():
             raise ConflictError("a switch is in flight")
@@ -1270,6 +1314,12 @@ class Controller:
         if profile == self.running:
             raise ConflictError(f"{profile} is already running")
         now = self.clock.now()
+        o = self.overrides
+        if o.pin_active(now) and o.pin_profile != profile:
+            # The pin beats every decision: the next tick would switch straight back.
+            raise ConflictError(
+                f"pinned to {o.pin_profile}: DELETE /v1/pin first (or pin {profile})"
+            )
         d = Decision(
             now, Action.SWITCH, profile, Reason.SWITCH_MANUAL, {"actor": actor, "why": reason}
         )

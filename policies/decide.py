@@ -48,9 +48,11 @@ objective: the profile best over the recent distribution of batch sizes, explore
 to over the long-run horizon (policies/hybrid_decide.long_run, the same rule for fixed and
 adaptive profile sets).
 
-Precedence (first match wins): pause > pin > blocked > rollback after a failed start > failed
+Precedence (first match wins): blocked > rollback after a failed start > pause > pin > failed
 scrape > switch in flight > trial > unusable window > no traffic > dwell > suspected change >
-long-run rule (flipping traffic; table rewrites) > estimates.
+long-run rule (flipping traffic; table rewrites) > estimates. The operator's pause and pin beat
+every decision of the policy; the two safety rules before them act only after a failure (a
+pause must not leave the server down, and nothing acts while blocked).
 
 `decide` is deterministic and updates `state` in place (the estimators are O(1) sufficient
 statistics; copying them every tick would cost more than the update). It returns the same object;
@@ -267,23 +269,9 @@ def decide(
     for f in state.new_findings[-3:]:
         diag[f"finding.{f.kind}.{f.subject}"] = f.after
 
-    # Operator overrides beat everything.
-    if overrides.pause_active(now_s):
-        diag["paused_until_s"] = overrides.paused_until_s
-        return _hold(now_s, state, Reason.HOLD_PAUSED, diag)
-    if overrides.pin_active(now_s):
-        pin = overrides.pin_profile
-        diag["pin"] = pin
-        diag["pin_until_s"] = overrides.pin_until_s
-        if pin not in state.specs:
-            diag["pin_unknown_profile"] = True
-            return _hold(now_s, state, Reason.HOLD_PINNED, diag)
-        in_flight = state.pending is not None and state.pending["target"] == pin
-        if pin == state.running or in_flight:
-            return _hold(now_s, state, Reason.HOLD_PINNED, diag)
-        assert pin is not None
-        state.trial = None
-        return _switch(now_s, state, pin, Reason.SWITCH_PINNED, diag)
+    # Two safety rules first: a block (nothing acts until a person clears it) and the way back
+    # from a failed start (a pause or a pin must not leave the server down); then the operator's
+    # overrides beat every decision of the policy.
     if overrides.blocked_reason is not None:
         diag["blocked_reason"] = overrides.blocked_reason
         return _hold(now_s, state, Reason.HOLD_BLOCKED, diag)
@@ -300,8 +288,26 @@ def decide(
             return _hold(now_s, state, Reason.HOLD_COOLDOWN, diag)
         else:
             state.rollback_to = None
-            diag["failed_profile"] = state.pending["target"] if state.pending else None
+            # The profile that failed last (on_switch_done cleared the pending switch).
+            diag["failed_profile"] = max(state.failed, key=state.failed.__getitem__, default=None)
             return _switch(now_s, state, target, Reason.ROLLBACK_START_FAILED, diag)
+
+    if overrides.pause_active(now_s):
+        diag["paused_until_s"] = overrides.paused_until_s
+        return _hold(now_s, state, Reason.HOLD_PAUSED, diag)
+    if overrides.pin_active(now_s):
+        pin = overrides.pin_profile
+        diag["pin"] = pin
+        diag["pin_until_s"] = overrides.pin_until_s
+        if pin not in state.specs:
+            diag["pin_unknown_profile"] = True
+            return _hold(now_s, state, Reason.HOLD_PINNED, diag)
+        in_flight = state.pending is not None and state.pending["target"] == pin
+        if pin == state.running or in_flight:
+            return _hold(now_s, state, Reason.HOLD_PINNED, diag)
+        assert pin is not None
+        state.trial = None
+        return _switch(now_s, state, pin, Reason.SWITCH_PINNED, diag)
 
     if obs is None:
         return _hold(now_s, state, Reason.HOLD_SCRAPE_FAILED, diag)

@@ -173,7 +173,7 @@ class FakeServer:
 
 class FakeActuator:
     """The Actuator protocol over a FakeServer. `hold` (an Event, cleared) keeps a switch in
-    flight until set."""
+    flight until set; a profile in `broken` fails to start (nothing serves after it)."""
 
     def __init__(self, server: FakeServer, clock: Clock, switch_s: float = 60.0) -> None:
         self.server = server
@@ -181,6 +181,13 @@ class FakeActuator:
         self.switch_s = switch_s
         self.hold: asyncio.Event | None = None
         self.calls: list[tuple[str, str]] = []
+        self.broken: set[str] = set()
+
+    def _failed(self, old: str | None, profile: str, down_s: float) -> SwitchResult:
+        self.server.profile = None
+        return SwitchResult(
+            SwitchOutcome.START_FAILED, old, profile, down_s, error="server exited with status 1"
+        )
 
     async def probe(self) -> ServerState:
         up = self.server.profile is not None
@@ -188,6 +195,8 @@ class FakeActuator:
 
     async def start(self, profile: str) -> SwitchResult:
         self.calls.append(("start", profile))
+        if profile in self.broken:
+            return self._failed(None, profile, 0.0)
         self.server.start(profile)
         return SwitchResult(SwitchOutcome.OK, None, profile, 0.0)
 
@@ -201,6 +210,8 @@ class FakeActuator:
             self.clock.advance(self.switch_s)
         else:
             await self.clock.sleep(self.switch_s)
+        if profile in self.broken:
+            return self._failed(old, profile, self.switch_s)
         self.server.start(profile)
         return SwitchResult(SwitchOutcome.OK, old, profile, self.switch_s)
 
@@ -234,13 +245,19 @@ class Rig:
 
 
 async def make_rig(
-    tmp_path: Path, *, settings: Settings | None = None, clock: ManualClock | None = None
+    tmp_path: Path,
+    *,
+    settings: Settings | None = None,
+    clock: ManualClock | None = None,
+    broken: set[str] | None = None,
 ) -> Rig:
-    """Build and start a Controller (startup() done: the initial profile runs)."""
+    """Build and start a Controller (startup() done: the initial profile runs); the profiles
+    in `broken` fail to start."""
     settings = settings or make_settings(tmp_path)
     clock = clock or ManualClock()
     server = FakeServer(clock)
     actuator = FakeActuator(server, clock)
+    actuator.broken = set(broken or ())
     client = httpx.AsyncClient(transport=httpx.MockTransport(server.handler))
     store = Store(Path(settings.controller.database))
     controller = Controller(

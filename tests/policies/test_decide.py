@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from policies.decide import (
     PolicySettings,
     PolicyState,
+    begin_manual_switch,
     budget_exhausted,
     decide,
     explore_cap_s,
@@ -85,12 +86,20 @@ T = 5000.0
             Action.HOLD,
             "eagle5",
         ),
+        # Blocked: nothing acts (the shell refuses a pin's switch too) until a person clears it.
         (
             Overrides(pin_profile="baseline", blocked_reason="x"),
             "ok",
-            Reason.SWITCH_PINNED,
-            Action.SWITCH,
-            "baseline",
+            Reason.HOLD_BLOCKED,
+            Action.HOLD,
+            "eagle5",
+        ),
+        (
+            Overrides(paused_until_s=T + 60, blocked_reason="x"),
+            "ok",
+            Reason.HOLD_BLOCKED,
+            Action.HOLD,
+            "eagle5",
         ),
         (Overrides(), "none", Reason.HOLD_SCRAPE_FAILED, Action.HOLD, "eagle5"),
         (Overrides(), "idle", Reason.HOLD_NO_TRAFFIC, Action.HOLD, "eagle5"),
@@ -178,6 +187,30 @@ def test_failed_start_rolls_back_to_the_last_good_profile() -> None:
     assert "eagle5" in dr.state.failed
     # The failed profile is backed off: no automatic retry within the backoff.
     assert all(d.profile != "eagle5" for d in dr.switches()[2:])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [Overrides(paused_until_s=T + 3600), Overrides(pin_profile="baseline")],
+    ids=["paused", "pinned"],
+)
+def test_a_failed_start_is_rolled_back_under_a_pause_or_a_pin(warm_state, overrides) -> None:  # type: ignore[no-untyped-def]
+    """An operator's switch that fails to start during a pause, or a pin's, leaves nothing
+    serving: the way back to the last good profile is safety, not a decision a pause or a pin
+    overrides (the server stayed down for the whole pause)."""
+    state = PolicyState.from_dict(warm_state)
+    t = T + 10.0
+    begin_manual_switch(state, "baseline", t)
+    t += 60.0
+    state = on_switch_done(state, "baseline", False, 60.0, t)
+    t += 10.0
+    state, d = decide(state, None, t, S, overrides)
+    assert (d.action, d.reason, d.profile) == (
+        Action.SWITCH,
+        Reason.ROLLBACK_START_FAILED,
+        "eagle5",
+    )
+    assert d.diagnostics["failed_profile"] == "baseline"
 
 
 def test_a_start_the_shell_already_rolled_back_is_a_new_boot_inside_its_dwell(warm_state) -> None:  # type: ignore[no-untyped-def]
@@ -453,12 +486,16 @@ def test_invariants(warm_state, evs, seed) -> None:  # type: ignore[no-untyped-d
         twin, d_twin = decide(twin, obs, t, S, ov)
         # decide is deterministic
         assert d == d_twin
-        # a live pin always wins (unless a pause, which beats everything)
-        if ov.pin_active(t) and not ov.pause_active(t):
+        # a live pin wins unless a pause does, after the two safety rules (a block holds; a
+        # failed start is rolled back, or held once where the shell already brought it back)
+        safety = ov.blocked_reason is not None or rollback_due
+        if ov.pin_active(t) and not ov.pause_active(t) and not safety:
             assert d.reason in (Reason.HOLD_PINNED, Reason.SWITCH_PINNED)
             assert d.profile == ov.pin_profile or d.reason is Reason.HOLD_PINNED
         if ov.pause_active(t):
-            assert d.action is Action.HOLD
+            assert d.action is Action.HOLD or d.reason is Reason.ROLLBACK_START_FAILED
+        if ov.blocked_reason is not None:
+            assert d.reason is Reason.HOLD_BLOCKED
         # never an automatic switch inside the dwell
         if d.reason in (Reason.SWITCH_PREDICTED_GAIN, Reason.EXPLORE):
             assert t - last_switch >= S.min_dwell_s
