@@ -1068,10 +1068,10 @@ class Controller:
             and (self._manual is None or self._manual.done())
         ):
             # Nothing serves and the policy has no rollback left (it failed too): the last good
-            # profile again, after a backoff.
+            # profile again (the pinned one under a pin), after a backoff.
             self.crash_restarts += 1
             self.restart_plan = (
-                self.last_good,
+                self._operator_start_profile(now) or self.last_good,
                 Reason.ROLLBACK_START_FAILED,
                 {"nothing_serves": True, "attempt": self.crash_restarts},
             )

@@ -108,14 +108,15 @@ async def tick(c: Controller, n: int = 1) -> None:
 async def test_failure_limit_blocks_automatic_starts_until_a_person_clears_it(make: Any) -> None:
     act = ScriptedActuator()
     act.outcomes["eagle3-2step"] = SwitchOutcome.START_FAILED
+    act.outcomes["baseline"] = SwitchOutcome.START_FAILED  # the host is broken: nothing starts
     c = await make(act, start_failure_limit=2)
-    # An operator pin beats the policy's rollback, so the broken profile is tried again.
     c.pin("eagle3-2step", None, "try it", "test")
     await tick(c)
     assert act.calls == [("switch", "eagle3-2step")] and c.funnel.blocked_reason is None
     assert c.start_failures == 1 and c.running is None
-    await tick(c)
-    assert act.calls == [("switch", "eagle3-2step")] * 2
+    assert c.overrides.pin_profile is None  # a pin that cannot start is dropped
+    await tick(c)  # the rollback to what served fails too
+    assert act.calls == [("switch", "eagle3-2step"), ("switch", "baseline")]
     assert c.funnel.blocked_reason is not None
     assert "2 failed starts in a row" in c.funnel.blocked_reason
     assert "start_failure_limit=2" in c.funnel.blocked_reason
@@ -124,15 +125,16 @@ async def test_failure_limit_blocks_automatic_starts_until_a_person_clears_it(ma
     assert "blocked" in st["target"]["down_reason"] and st["overrides"]["blocked_reason"]
     assert "blocked" in c.status_line()
     assert c.store.load_state("overrides")["blocked_reason"] == c.funnel.blocked_reason
+    c.pin("eagle3-5step", None, "maybe this one", "test")  # a pin is automatic actuation too
     await tick(c, 3)
-    assert len(act.calls) == 2, "the funnel let a blocked switch through"
+    assert len(act.calls) == 2, "a blocked controller acted"
     with Reader(c.settings.controller.database) as r:
         last = r.recent_decisions(limit=1)[0]
-    assert last["reason"] == "switch_pinned" and last["acted"] is False
+    assert last["reason"] == "hold_blocked" and last["acted"] is False
     c.clear_block("looked at it", "test")
     assert c.start_failures == 0
-    await tick(c)
-    assert len(act.calls) == 3
+    await tick(c, 4)  # nothing serves: after a backoff, the pinned profile starts
+    assert act.calls[2:] == [("start", "eagle3-5step")] and c.running == "eagle3-5step"
 
 
 async def test_unknown_outcome_blocks_until_cleared_and_status_says_why(make: Any) -> None:
@@ -212,6 +214,7 @@ async def test_advisory_mode_never_calls_the_actuator(make: Any) -> None:
     assert c.mode is Mode.ADVISORY and c.running == "baseline"  # adopted, not started
     c.pin("eagle3-2step", None, "would switch", "test")
     await tick(c, 2)
+    c.unpin("a manual switch next", "test")  # (one away from a pin is refused)
     c.start_manual_switch("eagle3-5step", "manual", "test")
     assert c._manual is not None
     await c._manual
