@@ -49,8 +49,10 @@ class ConfigError(Exception):
 
 class _Frozen(BaseModel):
     # Every float setting is a finite number: inf and nan are config errors ("Input should be a
-    # finite number"), not a poll that never comes or a deadline that never passes.
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    # finite number"), not a poll that never comes or a deadline that never passes. Strict: a
+    # value of the wrong TOML type is an error, not coerced (owns_server = "no" was True, a
+    # port = true was 1, poll_interval_s = "10" was 10.0); an integer is still a float.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
 
 
 def _host(v: str) -> str:
@@ -63,11 +65,20 @@ def _host(v: str) -> str:
 Host = Annotated[str, AfterValidator(_host)]
 
 
+def _database(v: str) -> str:
+    if not v.strip():
+        raise ValueError("must not be empty: name the SQLite file (e.g. specpilot.db)")
+    if v.endswith(("/", os.sep)):
+        raise ValueError(f"{v!r} names a directory: name the SQLite file in it")
+    return v
+
+
 class ControllerSettings(_Frozen):
     """[controller]: the control loop."""
 
     mode: Mode = Field(
         Mode.ACTIVE,
+        strict=False,  # the TOML string names the enum member
         description="active: act on decisions; advisory: decide and explain, never restart.",
     )
     poll_interval_s: float = Field(
@@ -75,7 +86,7 @@ class ControllerSettings(_Frozen):
         gt=0,
         description="Seconds between scrapes (server time); 10 s spans many gauge refreshes.",
     )
-    database: str = Field(
+    database: Annotated[str, AfterValidator(_database)] = Field(
         "specpilot.db",
         description="SQLite file; relative paths are under $STATE_DIRECTORY when systemd sets it.",
     )
@@ -235,7 +246,7 @@ class Settings(_Frozen):
     """The whole file."""
 
     # [policy] values are checked by _check_policy_value (finite, typed, in range), with the key.
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=True, strict=True)
 
     controller: ControllerSettings = ControllerSettings()
     api: ApiSettings = ApiSettings()
@@ -263,6 +274,11 @@ class Settings(_Frozen):
                 "fleet mode runs its replicas with the process actuator: "
                 "set server.actuator = 'process'"
             )
+        if self._api_takes_server_port():
+            raise ValueError(
+                f"api.port {self.api.port} is server.port too ({self.server.host}): the API and "
+                "the server cannot listen on one port; change one of them"
+            )
         if self.server.actuator == "command" and not self.server.switch_command:
             raise ValueError("server.actuator = 'command' needs server.switch_command")
         problem = self._launch_text_problem()
@@ -275,6 +291,15 @@ class Settings(_Frozen):
                 f"--sim-speed ({sim_speed}) in server.common_flags"
             )
         return self
+
+    def _api_takes_server_port(self) -> bool:
+        """The API would bind the port the server listens on, on one machine: the same host, a
+        wildcard address, or loopback on both sides."""
+        if not self.api.enabled or self.api.port != self.server.port:
+            return False
+        hosts = {self.api.host, self.server.host}
+        loopback = {"127.0.0.1", "localhost", "::1"}
+        return len(hosts) == 1 or bool(hosts & {"0.0.0.0", "::"}) or hosts <= loopback
 
     def _launch_text_problem(self) -> str | None:
         """What no server launch can carry, named by its key: a NUL anywhere in the launch

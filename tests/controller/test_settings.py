@@ -117,6 +117,23 @@ def test_example_config_for_real_sglang_is_advisory() -> None:
             "[api]\ntoken = 'a'\ntoken_file = '/etc/t'\n[profiles.baseline]\n",
             "api.token and api.token_file are both set",
         ),
+        # A value of the wrong TOML type is an error, not coerced.
+        ("[server]\nowns_server = 'no'\n[profiles.baseline]\n", "server.owns_server: "),
+        ("[server]\nport = true\n[profiles.baseline]\n", "server.port: "),
+        ("[api]\nport = '8471'\n[profiles.baseline]\n", "api.port: "),
+        ("[controller]\npoll_interval_s = '10'\n[profiles.baseline]\n", "poll_interval_s: "),
+        ("[api]\nenabled = 1\n[profiles.baseline]\n", "api.enabled: "),
+        ("[controller]\ndatabase = ''\n[profiles.baseline]\n", "database: Value error, must no"),
+        ("[controller]\ndatabase = 'db/'\n[profiles.baseline]\n", "'db/' names a directory"),
+        (
+            "[api]\nport = 30000\n[profiles.baseline]\n",
+            "api.port 30000 is server.port too (127.0.0.1)",
+        ),
+        (
+            "[api]\nhost = '0.0.0.0'\nport = 9\n[server]\nport = 9\nhost = 'localhost'\n"
+            "[profiles.baseline]\n",
+            "the API and the server cannot listen on one port",
+        ),
     ],
 )
 def test_bad_config_names_the_key(tmp_path: Path, text: str, needle: str) -> None:
@@ -126,6 +143,17 @@ def test_bad_config_names_the_key(tmp_path: Path, text: str, needle: str) -> Non
         load_settings(p)
     assert needle in str(e.value)
     assert str(p) in str(e.value)
+
+
+def test_ports_apart_and_types_a_toml_reader_gives_are_fine() -> None:
+    raw = _base()
+    raw["server"] |= {"host": "10.0.0.7", "port": 8471, "owns_server": False}
+    raw["controller"] = {"poll_interval_s": 10, "mode": "advisory"}  # an int for a float
+    s = settings_from_dict(raw)  # the API on loopback, the server on another machine
+    assert (s.api.port, s.server.port, s.controller.poll_interval_s) == (8471, 8471, 10.0)
+    raw["api"] = {"enabled": False, "port": 8471}
+    raw["server"]["host"] = "127.0.0.1"
+    settings_from_dict(raw)  # no API listens
 
 
 def test_missing_file() -> None:
