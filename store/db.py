@@ -544,8 +544,18 @@ class Store(_Reads):
             raise
 
     def _prepare(self) -> None:
-        """Pragmas, the newer-schema check, migrations and the write probe (all at open)."""
-        if not self.db.table_names():
+        """The foreign-file check, pragmas, the newer-schema check, migrations and the write
+        probe (all at open)."""
+        tables = self.db.table_names()
+        if tables and not schema.migrations.applied(self.db):
+            # Another application's database (a typo in `database`, a shared path): refused
+            # before WAL mode or a table of ours is written into it.
+            shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+            raise StoreError(
+                f"database {self.path} is not specpilot's: it holds other tables ({shown}); "
+                "name a file of its own"
+            )
+        if not tables:
             # Must precede the first table: lets retention hand freed pages back to the OS.
             self.db.execute("PRAGMA auto_vacuum = INCREMENTAL")
         self.db.enable_wal()

@@ -91,6 +91,22 @@ def test_newer_database_is_refused(tmp_path: Path) -> None:
         Store(path)
 
 
+def test_another_applications_database_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "grafana.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE dashboard (id INTEGER PRIMARY KEY, title TEXT)")
+    conn.execute("INSERT INTO dashboard (title) VALUES ('tok/s')")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match=r"grafana.db is not specpilot's: it holds other tables"):
+        Store(path)
+    assert path.read_bytes() == before  # no WAL switch, no table of ours
+    assert not (tmp_path / "grafana.db-wal").exists()
+    Store(tmp_path / "empty.db").close()  # an empty file or a new one is ours to fill
+    Store(tmp_path / "empty.db").close()  # and ours once it is
+
+
 def test_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "junk.db"
     path.write_bytes(b"this is not sqlite" * 100)
