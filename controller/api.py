@@ -35,6 +35,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from controller.loop import ConflictError, Controller, UnknownProfileError, prediction_view
 from controller.statuspage import render_status_page
+from policies.changepoint import FindingKind
 from policies.types import Mode
 from store import Reader, StoreError
 
@@ -324,7 +325,7 @@ def create_app(controller: Controller, token: str) -> FastAPI:
     @app.get("/v1/findings", tags=["read"])
     def findings(
         since_s: Since = None,
-        kind: Annotated[str | None, Query(max_length=100)] = None,
+        kind: FindingKind | None = None,
         limit: Limit = 100,
     ) -> list[dict[str, Any]]:
         """Findings (drift, low acceptance...), newest first."""

@@ -207,7 +207,7 @@ def run(
     help_policy: Annotated[
         bool,
         typer.Option(
-            "--help-policy", help="List every [policy] key with its default and reason, and exit."
+            "--help-policy", help="List every \\[policy] key with its default and reason, and exit."
         ),
     ] = False,
 ) -> None:
@@ -287,10 +287,15 @@ def status(
 
     pin = f"{ov['pin']['profile']}{until(ov['pin'])}" if ov["pin"] else "-"
     paused = f"yes{until(ov['pause'])}" if ov["pause"] else "no"
+    if st["profile"] is None:  # nothing serves: say why rather than print None
+        why = "switch in flight" if st.get("switch_in_flight") else None
+        why = why or (st.get("target") or {}).get("down_reason") or "no server running"
+        profile = f"[bold]-[/bold] ({escape(why)})"
+    else:
+        profile = f"[bold]{escape(st['profile'])}[/bold]"
     # Two lines: each fits 80 columns with a pin's and a pause's end times.
     console.print(
-        f"profile [bold]{st['profile']}[/bold]  mode {st['mode']}  "
-        f"blocked {escape(ov['blocked_reason'] or 'no')}"
+        f"profile {profile}  mode {st['mode']}  blocked {escape(ov['blocked_reason'] or 'no')}"
     )
     console.print(f"pin {escape(pin)}  paused {paused}")
     # Profile names and numbers are never cut (a pipe or a narrow terminal is 80 columns): the

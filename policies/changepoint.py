@@ -24,7 +24,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 # sqrt(pi) / 2: E|x_t - x_{t-1}| = 2 sigma / sqrt(pi) for independent Gaussian windows.
 _ABSDIFF_TO_SIGMA = math.sqrt(math.pi) / 2.0
@@ -43,13 +43,17 @@ LR_MIN_WINDOWS = 20
 MAX_RHO = 0.9
 
 
+# Every kind of finding (a closed set: the API's ?kind= filter takes only these).
+FindingKind = Literal["drift", "acceptance_low", "change"]
+
+
 @dataclass(frozen=True)
 class Finding:
     """Something an operator should know, as data: `kind` is "drift" (a level moved against its
     history, e.g. verify 20 -> 30 ms, baseline 89 -> 82 tok/s), "acceptance_low" (accept rate far
     below history, e.g. 47% -> 19%) or "change" (a detected change point)."""
 
-    kind: str
+    kind: FindingKind
     subject: str
     before: float
     after: float

@@ -101,6 +101,11 @@ async def test_bad_query_parameters_are_422(api: httpx.AsyncClient) -> None:
         r = await api.get("/v1/decisions", params=params)
         assert r.status_code == 422, params
         assert r.json()["detail"][0]["loc"][-1] in params
+    # A finding kind is one of a closed set: a typo is not an empty list.
+    assert (await api.get("/v1/findings", params={"kind": "drift"})).status_code == 200
+    r = await api.get("/v1/findings", params={"kind": "drfit"})
+    assert r.status_code == 422
+    assert "'drift', 'acceptance_low' or 'change'" in r.json()["detail"][0]["msg"]
 
 
 @pytest.mark.parametrize(

@@ -555,6 +555,8 @@ def test_run_help_policy_lists_every_key_with_its_reason() -> None:
         assert blocks[head + 1].startswith("    ") and blocks[head + 1].strip(), f.name
     assert "moe_experts = 0" in r.output and "explore = true" in r.output
     assert "min_dwell_s = 300.0" in r.output
+    helped = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"})
+    assert "List every [policy] key" in helped.output  # not eaten as rich markup
 
 
 def test_status_table_keeps_names_and_numbers_at_80_columns(
@@ -586,3 +588,35 @@ def test_status_table_keeps_names_and_numbers_at_80_columns(
     assert max(len(line) for line in r.output.splitlines()) <= 80
     for text in ("eagle3-5step-long-drafter", "baseline-cuda-graph-off", "212", "175-254"):
         assert text in r.output, r.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "shown"),
+    [
+        ({"switch_in_flight": True}, "profile - (switch in flight)"),
+        (
+            {"target": {"down_reason": "server down: restart_crashed of baseline in 30 s"}},
+            "profile - (server down: restart_crashed of baseline in 30 s)",
+        ),
+        ({}, "profile - (no server running)"),
+    ],
+)
+def test_status_says_why_no_profile_runs(
+    monkeypatch: pytest.MonkeyPatch, extra: dict, shown: str
+) -> None:
+    import controller.cli as cli_mod
+
+    status = {
+        "profile": None,
+        "mode": "active",
+        "switch_in_flight": False,
+        "overrides": {"pin": None, "pause": None, "blocked_reason": None},
+        "estimates": [],
+        "last_decision": None,
+        **extra,
+    }
+    monkeypatch.setattr(cli_mod, "_call", lambda *a, **k: status)
+    r = cli("status", "--api", "http://127.0.0.1:1")
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0].startswith(shown), r.output
+    assert "None" not in r.output
