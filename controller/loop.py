@@ -68,6 +68,7 @@ from controller.settings import Settings, policy_settings, routing_from
 from policies import decide as policy
 from policies.hybrid_decide import rewrites_table
 from policies.observation import diff
+from policies.reconcile import drop_unknown_pin, reconcile_profiles
 from policies.types import (
     Action,
     Decision,
@@ -254,6 +255,7 @@ class Controller:
         if self.last_good is None or self.last_good not in self.specs:
             self.last_good = self.running
         saved = self.store.load_state(STATE_KEY_POLICY)
+        tables = adaptive_tables.initial_tables(self.settings)
         self.state = None
         if saved:
             try:
@@ -268,8 +270,20 @@ class Controller:
                 self.running or self.settings.server.initial_profile,
                 now,
                 self.psettings,
-                adaptive_tables=adaptive_tables.initial_tables(self.settings),
+                adaptive_tables=tables,
             )
+        # The config may have been edited since the state was saved: it describes the profiles
+        # configured now (removed ones forgotten, new ones untried, changed ones re-measured).
+        changes = reconcile_profiles(
+            self.state,
+            list(self.specs.values()),
+            self.settings.profile_digests(),
+            running=self.running or self.settings.server.initial_profile,
+            adaptive_tables=tables,
+            now_s=now,
+        )
+        if changes:
+            log.info("profiles changed in the config since the saved state: %s", changes.describe())
         self._settle_restored_state()
         if self.running is not None:
             self._serving(self.running)
@@ -408,15 +422,18 @@ class Controller:
         saved = self.store.load_state(STATE_KEY_OVERRIDES) or {}
         mode = self._start_mode(saved.get("mode"))
         self.mode = mode
-        self.overrides = Overrides(
-            pin_profile=saved.get("pin_profile")
-            if saved.get("pin_profile") in self.specs
-            else None,
+        restored = Overrides(
+            pin_profile=saved.get("pin_profile"),
             pin_until_s=saved.get("pin_until_s"),
             paused_until_s=saved.get("paused_until_s"),
             mode=mode,
             blocked_reason=saved.get("blocked_reason"),
         )
+        self.overrides = drop_unknown_pin(restored, self.specs)
+        if self.overrides.pin_profile != restored.pin_profile:
+            log.warning(
+                "the pin to %s is dropped: no such profile in the config", restored.pin_profile
+            )
         if self.overrides.blocked_reason:
             self.funnel.blocked_reason = self.overrides.blocked_reason
         if saved and saved.get("mode") != mode.value:
@@ -1220,7 +1237,10 @@ class Controller:
 
     # ----------------------------------------------------------------------------- operator ops
     def _check_profile(self, profile: str) -> None:
-        if profile not in self.specs:
+        """A profile an operator names (pin, switch) must be one of the config and, once the
+        policy state is loaded, of the state (reconciled with the config at startup)."""
+        known = self.specs if self.state is None else self.state.specs
+        if profile not in self.specs or profile not in known:
             raise UnknownProfileError(profile)
 
     def _current_overrides(self, **changes: Any) -> Overrides:

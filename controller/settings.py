@@ -8,6 +8,8 @@ Must not start anything or touch the network.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import re
@@ -332,6 +334,26 @@ class Settings(_Frozen):
             profile_spec(name, p, self.server.common_flags) for name, p in self.profiles.items()
         ]
 
+    def profile_digests(self) -> dict[str, str]:
+        """Per profile, a stable hash (16 hex digits of SHA-256) of what decides how its server
+        runs, so that a profile edited between runs under the same name is told from one left
+        alone (policies.reconcile re-measures the first): the launch command, its flags
+        ([server] common_flags, then its own, in order), its environment ([server] env under
+        its own, as launch_env merges them), its kind and candidate_steps. Not its
+        description, nor host and port (every profile's alike, and no part of its speed)."""
+        out = {}
+        for name, p in self.profiles.items():
+            body = {
+                "launch": list(self.server.launch),
+                "flags": [*self.server.common_flags, *p.flags],
+                "env": {**self.server.env, **p.env},
+                "kind": p.kind,
+                "candidate_steps": p.candidate_steps,
+            }
+            text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+            out[name] = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return out
+
     def api_token(self) -> str:
         """Write token: SPECPILOT_API_TOKEN, else api.token, else token_file's first line.
         Raises ConfigError naming api.token_file, the file and the problem (missing, a
@@ -373,8 +395,6 @@ class Settings(_Frozen):
             return []
         path = self.adaptive_table_path(profile)
         if not path.exists():
-            import json
-
             from controller.actuators.envfile import write_atomic
             from policies.hybrid import seed_table
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,6 +293,25 @@ class AcceptLength:
         hs = self.hists[profile]
         hs.counts = [c * f for c in hs.counts]
         self._shape.pop(profile, None)
+
+    def reprofile(self, profiles: Sequence[ProfileSpec], reset: Collection[str] = ()) -> None:
+        """The profile set becomes `profiles` (their specs and order): a profile no longer in it
+        loses its evidence, and one new to it, or named in `reset` (its definition changed
+        under the same name: another drafter, another depth), starts without any; every other
+        keeps its own (and goes on informing the cross predictions of its drafter's chains)."""
+        fresh = set(reset) | {p.name for p in profiles if p.name not in self.specs}
+        self.specs = {p.name: p for p in profiles}
+        self.ratios = {n: {} if n in fresh else self.ratios.get(n, {}) for n in self.specs}
+        self.batched = {
+            p.name: {} if p.name in fresh else self.batched.get(p.name, {})
+            for p in profiles
+            if p.adaptive
+        }
+        self.hists = {
+            n: _HistStats() if n in fresh else self.hists.get(n, _HistStats()) for n in self.specs
+        }
+        self._shape = {n: v for n, v in self._shape.items() if n in self.specs and n not in fresh}
+        self._memo.clear()
 
     def hist_shape(self, profile: str, g_prime: int) -> tuple[float, tuple[float, float, float]]:
         """(E[L_g] of the profile's own histogram, (mean, low, high) of E[L_g']): exact

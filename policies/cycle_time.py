@@ -13,7 +13,7 @@ Must not: decide anything, read clocks (times come in with the data), or do I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, NamedTuple
@@ -388,6 +388,20 @@ class CycleTimeSurface:
         for st in (self.stats[profile], *self.buckets[profile].values()):
             st.scale(carryover(f, st.windows, max_windows))
             st.count = 0
+        self._fit_dirty = True
+
+    def reprofile(self, profiles: Sequence[ProfileSpec], reset: Collection[str] = ()) -> None:
+        """The profile set becomes `profiles` (their specs and order): a profile no longer in it
+        loses its statistics, and one new to it, or named in `reset` (its definition changed
+        under the same name), starts without any; every other keeps its own. The shared fit is
+        refitted on the next query (a profile's data left or went)."""
+        fresh = set(reset) | {p.name for p in profiles if p.name not in self.specs}
+        self.specs = {p.name: p for p in profiles}
+        self.stats = {
+            n: LineStats() if n in fresh else self.stats.get(n, LineStats()) for n in self.specs
+        }
+        self.buckets = {n: {} if n in fresh else self.buckets.get(n, {}) for n in self.specs}
+        self._memo.clear()
         self._fit_dirty = True
 
     def set_expert_share(self, share: float) -> None:

@@ -18,7 +18,7 @@ Must not: decide anything, read clocks (times come in with the data), or do I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +77,24 @@ class ThroughputModel:
         self.observed: dict[str, tuple[float, float]] = {}  # profile -> (w, w * tok_s)
         # Max running requests each profile's server reported (/v1/loads), the last one.
         self.caps: dict[str, float] = {}
+
+    def reprofile(self, profiles: Sequence[ProfileSpec], reset: Collection[str] = ()) -> None:
+        """The profile set becomes `profiles` (a config edited between runs): a profile no
+        longer in it is forgotten, one new to it or named in `reset` (its definition changed)
+        starts with no estimates of its own (cycle, acceptance, observed rate, reported cap),
+        and every other keeps what it learned. The traffic (concurrency, mix) is no profile's
+        and stays."""
+        names = [p.name for p in profiles]
+        if len(set(names)) != len(names) or not names:
+            raise ValueError(f"profiles must be a non-empty list of unique names, got {names}")
+        fresh = set(reset) | {n for n in names if n not in self.specs}
+        self.specs = {p.name: p for p in profiles}
+        self.cycle.reprofile(profiles, fresh)
+        self.accept.reprofile(profiles, fresh)
+        self.observed = {
+            n: v for n, v in self.observed.items() if n in self.specs and n not in fresh
+        }
+        self.caps = {n: v for n, v in self.caps.items() if n in self.specs and n not in fresh}
 
     def cap(self, profile: str) -> float | None:
         """The most requests `profile`'s server runs at once: what it reported when it ran,

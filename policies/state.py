@@ -92,6 +92,10 @@ class PolicyState:
     served_top: dict[str, int] = field(default_factory=dict)
     # The lowest such bucket each profile has served, ever.
     served_low: dict[str, int] = field(default_factory=dict)
+    # Per profile, the digest of the definition its estimates were learned under (the shell's
+    # hash of its flags and environment): a profile whose digest moved between runs is
+    # re-measured (policies.reconcile). Empty in a state saved before digests were kept.
+    digests: dict[str, str] = field(default_factory=dict)
 
     @property
     def specs(self) -> dict[str, ProfileSpec]:
@@ -159,6 +163,7 @@ class PolicyState:
             "long_run": self.long_run.to_dict(),
             "served_top": dict(self.served_top),
             "served_low": dict(self.served_low),
+            "digests": dict(self.digests),
         }
 
     @classmethod
@@ -208,6 +213,8 @@ class PolicyState:
             served_low={
                 str(k): int(v) for k, v in d.get("served_low", d.get("served_top", {})).items()
             },
+            # States saved before digests: none known (policies.reconcile records them).
+            digests={str(k): str(v) for k, v in d.get("digests", {}).items()},
         )
 
 
