@@ -298,6 +298,9 @@ def status(
         f"profile {profile}  mode {st['mode']}  blocked {escape(ov['blocked_reason'] or 'no')}"
     )
     console.print(f"pin {escape(pin)}  paused {paused}")
+    in_force = ov.get("in_force")
+    if in_force and in_force != "the policy":
+        console.print(f"in force: {escape(in_force)}")
     # Profile names and numbers are never cut (a pipe or a narrow terminal is 80 columns): the
     # source (estimate provenance, the longest cell) wraps instead.
     t = Table(

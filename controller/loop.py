@@ -1368,7 +1368,27 @@ class Controller:
             ),
             "pause": {"until_s": o.paused_until_s} if o.pause_active(now) else None,
             "blocked_reason": self.funnel.blocked_reason,
+            "in_force": self._in_force(now),
         }
+
+    def _in_force(self, now: float) -> str:
+        """What decides the next tick, in words: the block, the pause (over a pin, which waits
+        for it), the pin or the policy; in advisory mode, that nothing it decides is acted on."""
+        o = self.overrides
+        pinned = o.pin_profile if o.pin_active(now) else None
+        if self.funnel.blocked_reason is not None:
+            text = "blocked: nothing acts until POST /v1/block/clear"
+        elif o.pause_active(now):
+            text = "paused: nothing switches"
+            if pinned is not None:
+                text += f"; the pin on {pinned} acts when the pause ends"
+        elif pinned is not None:
+            text = f"pinned to {pinned}"
+        else:
+            text = "the policy"
+        if self.mode is Mode.ADVISORY:
+            text += " (advisory: decided, not acted on)"
+        return text
 
     def status(self) -> dict[str, Any]:
         obs = self.last_obs

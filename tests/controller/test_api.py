@@ -267,8 +267,13 @@ async def test_pin_and_pause_expire(rig: Rig, api: httpx.AsyncClient) -> None:
     )
     assert r.status_code == 200
     assert r.json()["pin"] == {"profile": "eagle3-5step", "until_s": rig.clock.now() + 120}
+    assert r.json()["in_force"] == "pinned to eagle3-5step"
     r = await api.put("/v1/pause", json={"ttl_s": 30}, headers=AUTH)
     assert r.json()["pause"] == {"until_s": rig.clock.now() + 30}
+    # The answer says the pause holds the pin back (a pin that seems to do nothing).
+    assert r.json()["in_force"] == (
+        "paused: nothing switches; the pin on eagle3-5step acts when the pause ends"
+    )
     metrics = (await api.get("/metrics")).text
     assert 'specpilot_override_pin{profile="eagle3-5step"} 1.0' in metrics
     assert "specpilot_override_paused 1.0" in metrics
@@ -281,9 +286,13 @@ async def test_pin_and_pause_expire(rig: Rig, api: httpx.AsyncClient) -> None:
     st_ = (await api.get("/v1/status")).json()
     assert st_["overrides"]["pause"] is None
     assert st_["overrides"]["pin"]["profile"] == "eagle3-5step"
+    assert st_["overrides"]["in_force"] == "pinned to eagle3-5step"
     rig.clock.advance(90)
     st_ = (await api.get("/v1/status")).json()
     assert st_["overrides"]["pin"] is None
+    await api.put("/v1/mode", json={"mode": "advisory"}, headers=AUTH)
+    st_ = (await api.get("/v1/status")).json()
+    assert st_["overrides"]["in_force"] == "the policy (advisory: decided, not acted on)"
     metrics = (await api.get("/metrics")).text
     assert "specpilot_override_paused 0.0" in metrics
     assert "specpilot_override_pin_expiry_timestamp_seconds 0.0" in metrics

@@ -619,4 +619,7 @@ def test_status_says_why_no_profile_runs(
     r = cli("status", "--api", "http://127.0.0.1:1")
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[0].startswith(shown), r.output
-    assert "None" not in r.output
+    assert "None" not in r.output and "in force" not in r.output
+    status["overrides"]["in_force"] = "paused: nothing switches; the pin on x acts when ..."
+    r = cli("status", "--api", "http://127.0.0.1:1")
+    assert r.output.splitlines()[2] == f"in force: {status['overrides']['in_force']}"

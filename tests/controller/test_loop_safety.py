@@ -125,6 +125,7 @@ async def test_failure_limit_blocks_automatic_starts_until_a_person_clears_it(ma
     assert "blocked" in st["target"]["down_reason"] and st["overrides"]["blocked_reason"]
     assert "blocked" in c.status_line()
     assert c.store.load_state("overrides")["blocked_reason"] == c.funnel.blocked_reason
+    assert st["overrides"]["in_force"] == "blocked: nothing acts until POST /v1/block/clear"
     c.pin("eagle3-5step", None, "maybe this one", "test")  # a pin is automatic actuation too
     await tick(c, 3)
     assert len(act.calls) == 2, "a blocked controller acted"
