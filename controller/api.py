@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from controller.loop import ConflictError, Controller, UnknownProfileError, prediction_view
+from controller.settings import OVERRIDE_TTL_MAX_S
 from controller.statuspage import render_status_page
 from policies.changepoint import FindingKind
 from policies.types import Mode
@@ -42,7 +43,6 @@ from store import Reader, StoreError
 log = logging.getLogger("specpilot.api")
 
 _bearer = HTTPBearer(auto_error=False)
-MAX_TTL_S = 30 * 86400.0  # a month: longer "temporary" overrides are forgotten, not temporary
 MAX_ACTOR = 100
 # The status page charts the last two hours of server time (720 polls at the default 10 s).
 STATUS_CHART_S = 2 * 3600.0
@@ -84,7 +84,7 @@ class PinBody(_Body):
         None,
         strict=True,
         gt=0,
-        le=MAX_TTL_S,
+        le=OVERRIDE_TTL_MAX_S,
         allow_inf_nan=False,
         description="Seconds until the pin expires; null: until unpinned.",
     )
@@ -95,7 +95,7 @@ class PauseBody(_Body):
     ttl_s: float = Field(
         strict=True,
         gt=0,
-        le=MAX_TTL_S,
+        le=OVERRIDE_TTL_MAX_S,
         allow_inf_nan=False,
         description="Seconds until automatic switching resumes.",
     )

@@ -29,7 +29,13 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from controller.numfmt import num, span_end
-from controller.settings import EXIT_CONFIG, ConfigError, decode_problem, load_settings
+from controller.settings import (
+    EXIT_CONFIG,
+    OVERRIDE_TTL_MAX_S,
+    ConfigError,
+    decode_problem,
+    load_settings,
+)
 from store import EXPORTABLE_TABLES, Reader, StoreError
 
 app = typer.Typer(
@@ -355,7 +361,13 @@ def pin(
     profile: str,
     ttl_s: Annotated[
         float | None,
-        float_option("--ttl-s", help="Expiry in seconds.", gt=0),
+        float_option(
+            "--ttl-s",
+            help="Seconds (server time) until the pin expires, at most 2592000 (30 days); "
+            "default: none, it holds until unpinned.",
+            gt=0,
+            le=OVERRIDE_TTL_MAX_S,
+        ),
     ] = None,
     reason: ReasonOpt = "",
     api: ApiOpt = None,
@@ -379,7 +391,12 @@ def unpin(
 def pause(
     ttl_s: Annotated[
         float,
-        float_option("--ttl-s", help="Seconds to pause.", gt=0),
+        float_option(
+            "--ttl-s",
+            help="Seconds (server time) to pause, at most 2592000 (30 days; default 3600).",
+            gt=0,
+            le=OVERRIDE_TTL_MAX_S,
+        ),
     ] = 3600.0,
     reason: ReasonOpt = "",
     api: ApiOpt = None,

@@ -45,6 +45,11 @@ SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", 
 RESERVED_FLAGS = ("--host", "--port")
 
 
+# The longest pin or pause TTL (API and CLI): a month; longer "temporary" overrides are
+# forgotten, not temporary. Like every *_s, in server time (the simulator's under time_scale).
+OVERRIDE_TTL_MAX_S = 30 * 86400.0
+
+
 class ConfigError(Exception):
     """A configuration file that cannot be used: the message names the file, the key and why."""
 

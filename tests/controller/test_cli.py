@@ -623,3 +623,18 @@ def test_status_says_why_no_profile_runs(
     status["overrides"]["in_force"] = "paused: nothing switches; the pin on x acts when ..."
     r = cli("status", "--api", "http://127.0.0.1:1")
     assert r.output.splitlines()[2] == f"in force: {status['overrides']['in_force']}"
+
+
+@pytest.mark.parametrize("command", [["pin", "eagle3-2step"], ["pause"]])
+def test_an_override_ttl_past_a_month_is_refused_before_the_api(
+    monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    import controller.cli as cli_mod
+
+    def no_call(*a: object, **k: object) -> None:
+        raise AssertionError("the API was called")
+
+    monkeypatch.setattr(cli_mod, "_call", no_call)
+    r = cli(*command, "--ttl-s", "2592001", "--api", "http://127.0.0.1:1")
+    assert r.exit_code == 2
+    assert "<= 2.592e+06" in r.output
