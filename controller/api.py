@@ -286,6 +286,11 @@ def create_app(controller: Controller, token: str) -> FastAPI:
         """Liveness: the process answers; `ready` once the first scrape succeeded."""
         return {"ok": True, "ready": controller.ready, "profile": controller.running}
 
+    @app.head("/healthz", include_in_schema=False)
+    async def healthz_head() -> Response:
+        """Load balancers and `curl -I` probe liveness without a body."""
+        return Response()
+
     @app.get("/v1/status", tags=["read"])
     async def status() -> dict[str, Any]:
         """Profile now, estimates per profile with intervals, break-even accept length, last

@@ -55,6 +55,8 @@ async def test_reads(rig: Rig, api: httpx.AsyncClient) -> None:
     r = await api.get("/healthz")
     assert r.status_code == 200
     assert r.json() == {"ok": True, "ready": True, "profile": "baseline"}
+    r = await api.head("/healthz")
+    assert r.status_code == 200 and r.content == b""
 
     st_ = (await api.get("/v1/status")).json()
     assert st_["profile"] == "baseline"
