@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterable, Mapping
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from policies.changepoint import FindingKind
 from policies.types import Decision, Mode, Observation, ProfilePrediction, Reason
 
 # At most this many workloads have their own specpilot_accept_length series (per profile; only
@@ -188,6 +190,10 @@ class ControllerMetrics:
             self.mode.labels(m.value).set(0)
         for reason in Reason:
             self.decisions.labels("hold" if reason.name.startswith("HOLD") else "switch", reason)
+            if reason.name.startswith("ROLLBACK"):
+                self.rollbacks.labels(reason.value)  # rate() over zero, not over no series
+        for kind in get_args(FindingKind):
+            self.findings.labels(kind)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -88,6 +88,17 @@ def test_own_registry() -> None:
     a.scrape_errors.inc()
     assert b"specpilot_scrape_errors_total 0.0" in b.exposition()
     assert not [m for m in REGISTRY.collect() if m.name.startswith("specpilot")]
+    # Known label values exist at zero from the first scrape (rate() and alerts see 0, not
+    # no data): every rollback reason, every finding kind.
+    text = b.exposition().decode()
+    for series in (
+        'specpilot_rollbacks_total{reason="rollback_start_failed"} 0.0',
+        'specpilot_rollbacks_total{reason="rollback_trial_failed"} 0.0',
+        'specpilot_findings_total{kind="drift"} 0.0',
+        'specpilot_findings_total{kind="acceptance_low"} 0.0',
+        'specpilot_findings_total{kind="change"} 0.0',
+    ):
+        assert series in text, series
 
 
 def test_names_types_help_and_units() -> None:
