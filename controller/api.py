@@ -283,7 +283,9 @@ def create_app(controller: Controller, token: str) -> FastAPI:
     # ------------------------------------------------------------------------------ reads
     @app.get("/healthz", tags=["read"])
     async def healthz() -> dict[str, Any]:
-        """Liveness: the process answers; `ready` once the first scrape succeeded."""
+        """Liveness: the process answers (during the start-up too, while the server starts);
+        `ready` once the first scrape succeeded (false until the start-up started or adopted
+        the server and a scrape answered); `profile` the one serving (null while none does)."""
         return {"ok": True, "ready": controller.ready, "profile": controller.running}
 
     @app.head("/healthz", include_in_schema=False)
@@ -393,16 +395,17 @@ def create_app(controller: Controller, token: str) -> FastAPI:
 
     @app.post("/v1/trial/abort", tags=["write"])
     async def trial_abort(who: Actor, body: ReasonBody | None = None) -> dict[str, Any]:
-        """Judge the running trial failed now and roll back (409 when none runs)."""
+        """Judge the running trial failed now and roll back (409 when none runs, while a
+        switch is in flight and while the server starts)."""
         if not guard(lambda: controller.abort_trial(body.reason if body else "", who)):
             raise HTTPException(409, "no trial is running")
         return {"aborted": True}
 
     @app.post("/v1/switch", status_code=202, tags=["write"])
     async def post_switch(body: SwitchBody, who: Actor) -> dict[str, Any]:
-        """A one-off switch (still a trial, rolled back if it underdelivers); 409 while a
-        switch is in flight, while a trial runs, or when the profile already runs. Advisory
-        mode records it and does not act."""
+        """A one-off switch (still a trial, rolled back if it underdelivers); 409 while the
+        server starts (the daemon's start-up), while a switch is in flight, while a trial runs,
+        or when the profile already runs. Advisory mode records it and does not act."""
         guard(lambda: controller.start_manual_switch(body.profile, body.reason, who))
         return {"accepted": True, "profile": body.profile, "mode": controller.mode.value}
 
@@ -420,7 +423,7 @@ def create_app(controller: Controller, token: str) -> FastAPI:
         controller.metrics.set_overrides(controller.override_view())
         trial = controller.state.trial if controller.state is not None else None
         controller.metrics.set_activity(
-            controller.funnel.busy, str(trial["profile"]) if trial else None
+            controller.switch_in_flight, str(trial["profile"]) if trial else None
         )
         return Response(controller.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 

@@ -7,14 +7,16 @@ the database's single-writer lock, store/db.py), then the API token is resolved 
 socket bound, all before anything touches the server, so a daemon that cannot run (a bad
 token_file: exit 78; a database that is damaged, newer, read-only or in use by another
 specpilot, or an API address in use, e.g. by a daemon already running: exit 1, one line)
-leaves every server as it was; a
-server is owned (stopped on the way out with owns_server) only once the start-up finished, so a
-failed start-up never stops a server it adopted. Signals: SIGTERM/SIGINT finish the tick and
-stop cleanly (the server keeps running unless the config says the controller owns it); SIGHUP
-reloads config.toml between ticks (an invalid or unreadable file is rejected with one log line
-and the old config stays; READY=1 always follows RELOADING=1). systemd: READY=1 after
-migrations, config and the first good scrape; WATCHDOG=1 per tick; STATUS= with the profile and
-last decision; STOPPING=1 on shutdown.
+leaves every server as it was. The API then serves before the controller's start-up adopts or
+starts the server (a cold start takes minutes): read endpoints answer during it (a switch in
+flight, /healthz not ready) and an operator switch is a 409; a start-up that fails stops the API
+and exits as before. A server is owned (stopped on the way out with owns_server) only once the
+start-up finished, so a failed start-up never stops a server it adopted. Signals: SIGTERM/SIGINT
+finish the tick and stop cleanly (the server keeps running unless the config says the controller
+owns it); SIGHUP reloads config.toml between ticks (an invalid or unreadable file is rejected
+with one log line and the old config stays; READY=1 always follows RELOADING=1). systemd:
+READY=1 after migrations, config and the first good scrape; WATCHDOG=1 per tick; STATUS= with
+the profile and last decision; STOPPING=1 on shutdown.
 """
 
 from __future__ import annotations
@@ -208,12 +210,14 @@ async def serve(
     """Run until SIGTERM/SIGINT (or `stop`). Returns the exit code.
 
     The API token and socket come first (ConfigError, ApiBindError: nothing was touched), then
-    the controller's start-up (adopts or starts the server; a stop during it cancels it and
-    returns 0 at once, not after a cold start of the server). The tick in progress when the stop
-    comes finishes (a switch in flight runs to its end and is recorded); STOPPING=1 goes out at
-    once. The server is stopped only with owns_server, in active mode, and only once the
-    start-up finished: a start-up that fails leaves an adopted server running (another daemon's,
-    say) and, like a controller that died, a server it launched for the next one to adopt."""
+    the API serves, then the controller's start-up runs (adopts or starts the server; a stop
+    during it cancels it and returns 0 at once, not after a cold start of the server; its error
+    propagates as it is); a start-up that does not finish stops the API before serve returns or
+    raises. The tick in progress when the stop comes finishes (a switch in flight runs to its
+    end and is recorded); STOPPING=1 goes out at once. The server is stopped only with
+    owns_server, in active mode, and only once the start-up finished: a start-up that fails
+    leaves an adopted server running (another daemon's, say) and, like a controller that died, a
+    server it launched for the next one to adopt."""
     stop = stop or asyncio.Event()
     ctl = daemon.controller
     loop = asyncio.get_running_loop()
@@ -238,6 +242,7 @@ async def serve(
             stopping_sent = True
 
     sockets: list[socket.socket] = []
+    api: asyncio.Task[None] | None = None  # uvicorn, serving from before the start-up on
     owned = False  # the start-up finished: a stop with owns_server stops the server from here
     try:
         settings = daemon.settings
@@ -254,6 +259,9 @@ async def serve(
                 lifespan="off",
             )
             daemon.api_server = EmbeddedServer(config)
+            # The API answers during the start-up (a cold start takes minutes): health checks,
+            # `specpilot status` and Prometheus see a daemon starting a server, not a dead one.
+            api = asyncio.create_task(daemon.api_server.serve(sockets=sockets))
 
         if not await _started(ctl, stop):
             log.info("stop requested during start-up: stopping before the server is ready")
@@ -285,8 +293,9 @@ async def serve(
                 on_tick(c)
 
         async def api_task() -> None:
-            if daemon.api_server is not None:
-                await daemon.api_server.serve(sockets=sockets)
+            # In the group: an API that fails ends the daemon; a group that ends cancels it.
+            if api is not None:
+                await api
 
         async with asyncio.TaskGroup() as tg:
             watchdog = tg.create_task(notify.watchdog_task(healthy))
@@ -303,6 +312,8 @@ async def serve(
             tg.create_task(stopper())
     finally:
         send_stopping()
+        if api is not None and not owned:  # the start-up failed or was stopped: no group ran
+            await _stop_api(daemon.api_server, api)
         with contextlib.suppress(Exception):
             # Advisory mode never touches the server, not even on the way out.
             if owned and daemon.settings.server.owns_server and ctl.mode is Mode.ACTIVE:
@@ -316,6 +327,19 @@ async def serve(
                 loop.remove_signal_handler(sig)
         log.info("stopped")
     return 0
+
+
+async def _stop_api(server: uvicorn.Server | None, api: asyncio.Task[None]) -> None:
+    """Stop the API that served during a start-up that failed or was stopped: uvicorn closes its
+    sockets and connections, then its task ends. Its own failure is logged, not raised: the
+    start-up's error (or the clean stop) is what the daemon exits with; one that had already
+    failed is logged here too (nothing else awaits it)."""
+    if server is not None:
+        server.should_exit = True
+    try:
+        await api
+    except Exception:
+        log.exception("the API server failed")
 
 
 class _StartsUp(Protocol):

@@ -35,7 +35,8 @@ trial, and the quarantine of a profile that failed to start, `[policy] failed_pr
   (ROLLBACK_CRASH), instead of restarts of a profile that keeps dying.
 - An operator switch (or a trial abort's rollback) runs as a task beside the loop: while it is
   in flight the loop neither scrapes, probes nor decides (as during its own switches), a scrape
-  that overlapped a switch's start or end is dropped, and `run` returns only once it ended.
+  that overlapped a switch's start or end is dropped, and `run` returns only once it ended. None
+  begins during `startup` (the API answers then): the start is the daemon's own switch.
 - The history is written best effort (`_history`): a write that fails (a full disk, a database
   gone read-only) is counted (specpilot_store_write_errors_total) and logged, the first of a run
   of failures as an error, and the loop goes on from memory: it keeps observing, deciding, and
@@ -177,6 +178,11 @@ class Controller:
         self.store_failures = 0  # history writes failed since the last tick that wrote (_history)
         self.served_since_s: float | None = None  # when the running server last came up
         self.ready = False  # first good scrape done
+        # startup() runs (the API answers meanwhile): a switch in flight for the status, and
+        # no operator switch may begin (the start is the daemon's switch); the profile it starts
+        # (or waits for), None before it chose one.
+        self.starting = False
+        self.starting_profile: str | None = None
         self.state: policy.PolicyState | None = None
         self._on_tick: list[Callable[[Controller], None]] = []
         self._manual: asyncio.Task[SwitchResult] | None = None
@@ -195,7 +201,18 @@ class Controller:
     # ----------------------------------------------------------------------------- lifecycle
     async def startup(self) -> None:
         """Warm start from the store, then adopt a running server (or wait for the one an
-        interrupted switch was starting) or start the initial profile."""
+        interrupted switch was starting) or start the initial profile. `starting` is True
+        meanwhile: the API answers during a cold start, the status shows a switch in flight (and
+        `starting_profile` as the target's down_reason) and an operator switch is a
+        ConflictError."""
+        self.starting = True
+        try:
+            await self._startup()
+        finally:
+            self.starting = False
+            self.starting_profile = None
+
+    async def _startup(self) -> None:
         now = self.clock.now()
         # Durable operator state first: a mode set to advisory or a block set before the last
         # stop must hold for this start too.
@@ -227,6 +244,7 @@ class Controller:
                 if wanted in self.specs:
                     first = str(wanted)
             d = Decision(now, Action.SWITCH, first, Reason.START, {"startup": True})
+            self.starting_profile = first
             result, sid = await self._actuate(d, start=True)
             fallback = self.settings.server.initial_profile
             if chosen is not None and result.outcome is SwitchOutcome.START_FAILED:
@@ -236,6 +254,7 @@ class Controller:
                     self._drop_failed_pin(result)
                 first = fallback
                 d = Decision(now, Action.SWITCH, first, Reason.START, {"startup": True})
+                self.starting_profile = first
                 result, sid = await self._actuate(d, start=True)
             if sid is None and result.outcome is SwitchOutcome.SKIPPED_ADVISORY:
                 log.warning(
@@ -576,6 +595,20 @@ class Controller:
     def _switching(self) -> bool:
         """A switch is in flight: the loop's own (the funnel) or the operator's task."""
         return self.funnel.busy or self._manual_in_flight()
+
+    @property
+    def switch_in_flight(self) -> bool:
+        """What the status and specpilot_switch_in_flight report: an actuation in progress, or
+        the start-up (it adopts or starts the server)."""
+        return self.starting or self.funnel.busy
+
+    def _refuse_switch_now(self) -> None:
+        """ConflictError (the API's 409) when an operator's switch cannot begin: the start-up
+        runs (it starts the server, the daemon's own switch) or a switch is in flight."""
+        if self.starting:
+            raise ConflictError("the server is starting: try again once the start-up finished")
+        if self._switching():
+            raise ConflictError("a switch is in flight")
 
     def _switch_in_flight_tick(self, now: float, t_real: float) -> Decision:
         """A tick while the operator's switch task runs: like the ticks the loop's own switch
@@ -1293,13 +1326,16 @@ class Controller:
         self.next_crash_restart_s = 0.0
 
     def abort_trial(self, reason: str, actor: str) -> bool:
-        """Judge the running trial failed now and roll back to the profile before it."""
+        """Judge the running trial failed now and roll back to the profile before it
+        (ConflictError during the start-up, which is still loading the trial, and while a
+        switch is in flight; False when no trial runs)."""
+        if self.starting:
+            self._refuse_switch_now()
         assert self.state is not None
         trial = self.state.trial
         if trial is None:
             return False
-        if self._switching():
-            raise ConflictError("a switch is in flight")
+        self._refuse_switch_now()
         now = self.clock.now()
         self.store.record_override(
             "trial_abort", now, actor, profile=str(trial["profile"]), reason=reason
@@ -1318,13 +1354,12 @@ class Controller:
 
     def start_manual_switch(self, profile: str, reason: str, actor: str) -> None:
         """A one-off switch asked by an operator; runs as a task (still a trial). Refused
-        (ConflictError) while a switch is in flight, while a trial runs (its verdict or an abort
-        ends it first: a switch under it would leave it unjudged), into the profile that
-        already runs (a restart for nothing) and away from a pin in force (the pin would switch
-        straight back)."""
+        (ConflictError) while the start-up runs, while a switch is in flight, while a trial runs
+        (its verdict or an abort ends it first: a switch under it would leave it unjudged), into
+        the profile that already runs (a restart for nothing) and away from a pin in force (the
+        pin would switch straight back)."""
         self._check_profile(profile)
-        if self._switching():
-            raise ConflictError("a switch is in flight")
+        self._refuse_switch_now()
         trial = self.state.trial if self.state is not None else None
         if trial is not None:
             raise ConflictError(
@@ -1397,7 +1432,7 @@ class Controller:
             "profile": self.running,
             "last_good_profile": self.last_good,
             "mode": self.mode.value,
-            "switch_in_flight": self.funnel.busy,
+            "switch_in_flight": self.switch_in_flight,
             "ready": self.ready,
             "overrides": self.override_view(),
             "trial": self._trial_view(),
@@ -1455,6 +1490,12 @@ class Controller:
         down_reason = None
         if self.funnel.blocked_reason is not None:
             down_reason = f"automatic actuation blocked until cleared: {self.funnel.blocked_reason}"
+        elif self.running is None and self.starting:
+            down_reason = (
+                f"start-up: starting {self.starting_profile}"
+                if self.starting_profile is not None
+                else "start-up: looking for a server to adopt"
+            )
         elif self.running is None and self.restart_plan is not None:
             target, reason, _ = self.restart_plan
             wait = max(0.0, self.next_crash_restart_s - self.clock.now())

@@ -173,13 +173,15 @@ class FakeServer:
 
 class FakeActuator:
     """The Actuator protocol over a FakeServer. `hold` (an Event, cleared) keeps a switch in
-    flight until set; a profile in `broken` fails to start (nothing serves after it)."""
+    flight until set, `start_hold` a start (the daemon's cold start); a profile in `broken`
+    fails to start (nothing serves after it)."""
 
     def __init__(self, server: FakeServer, clock: Clock, switch_s: float = 60.0) -> None:
         self.server = server
         self.clock = clock
         self.switch_s = switch_s
         self.hold: asyncio.Event | None = None
+        self.start_hold: asyncio.Event | None = None
         self.calls: list[tuple[str, str]] = []
         self.broken: set[str] = set()
 
@@ -195,6 +197,8 @@ class FakeActuator:
 
     async def start(self, profile: str) -> SwitchResult:
         self.calls.append(("start", profile))
+        if self.start_hold is not None:
+            await self.start_hold.wait()
         if profile in self.broken:
             return self._failed(None, profile, 0.0)
         self.server.start(profile)

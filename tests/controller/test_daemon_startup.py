@@ -4,28 +4,40 @@ touches a server, so a daemon that cannot serve (its API address in use, e.g. by
 already running; a host that is not one; a bad api.token_file) neither adopts, starts nor stops
 a server; and a start-up that fails never stops the server it adopted. The database comes
 before all of that: a bad one (damaged, newer, read-only) or one another daemon writes exits 1
-with one line naming it, touching no server."""
+with one line naming it, touching no server. The API serves during the start-up (a cold start
+takes minutes): reads answer, an operator switch is a 409, and a start-up that fails or a
+SIGTERM during it stops the API and exits as without it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from controller import daemon as daemon_mod
-from controller.daemon import ApiBindError, build, run_daemon, serve
+from controller.actuators.base import SwitchResult
+from controller.clock import Clock, ScaledClock
+from controller.daemon import ApiBindError, Daemon, build, run_daemon, serve
 from controller.loop import Controller
-from controller.settings import EXIT_CONFIG, ConfigError
-from store import Reader
+from controller.metrics import ControllerMetrics
+from controller.settings import EXIT_CONFIG, ConfigError, Settings
+from store import Reader, Store
+from tests.controller.actuator_fakes.support import free_port
 from tests.controller.daemon_support import config, settings, write_config
+from tests.controller.ops_support import TOKEN, FakeActuator, FakeServer, make_settings
 from tests.store.test_open import BAD, HOLDER
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
@@ -258,3 +270,165 @@ async def test_a_build_that_fails_releases_the_database(
         text=True,
     )
     assert probe.returncode == 0, probe.stderr
+
+
+# -- the API during the start-up: it answers while the server starts
+
+
+def _held_start_daemon(tmp_path: Path) -> tuple[Daemon, FakeActuator]:
+    """The real composition (serve: API on a free loopback port, loop, watchdog) over a
+    FakeServer whose start is held (`start_hold`) until the test lets it finish; 100x time."""
+    s = make_settings(tmp_path)
+    clock = ScaledClock(100.0)
+    server = FakeServer(clock)
+    actuator = FakeActuator(server, clock)
+    actuator.start_hold = asyncio.Event()
+    client = httpx.AsyncClient(transport=httpx.MockTransport(server.handler))
+    store = Store(Path(s.controller.database))
+    ctl = Controller(
+        s,
+        clock=clock,
+        store=store,
+        actuator=actuator,
+        client=client,
+        metrics=ControllerMetrics(s.profiles),
+    )
+    return Daemon(None, s, ctl, store, client), actuator
+
+
+async def _until(cond: Callable[[], object], what: str, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s} s")
+        await asyncio.sleep(0.02)
+
+
+async def _start_held_with_api_up(d: Daemon, actuator: FakeActuator) -> int:
+    """Wait until the start-up is in the held start and the API listens; its port."""
+    await _until(
+        lambda: actuator.calls == [("start", "baseline")] and d.api_port is not None,
+        "the API serving during the held start",
+    )
+    assert d.api_port is not None
+    return d.api_port
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+async def test_the_api_answers_while_the_start_up_starts_the_server(tmp_path: Path) -> None:
+    """A cold start takes minutes: health checks, `specpilot status` and Prometheus must see a
+    daemon starting a server (a switch in flight, not ready), not a dead one; an operator
+    switch waits for the start (409) and the other writes are recorded for the first tick."""
+    d, actuator = _held_start_daemon(tmp_path)
+    assert actuator.start_hold is not None
+    stop = asyncio.Event()
+    served = asyncio.create_task(serve(d, stop=stop, install_signals=False))
+    try:
+        port = await _start_held_with_api_up(d, actuator)
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=5
+        ) as http:
+            r = await http.get("/healthz")
+            assert r.status_code == 200
+            assert r.json() == {"ok": True, "ready": False, "profile": None}
+            st = (await http.get("/v1/status")).json()
+            assert st["switch_in_flight"] is True
+            assert st["profile"] is None and st["ready"] is False
+            assert st["last_decision"] is None  # no tick yet
+            assert st["target"]["up"] is False
+            assert st["target"]["down_reason"] == "start-up: starting baseline"
+            assert "specpilot_switch_in_flight 1.0" in (await http.get("/metrics")).text
+            for path in ("/v1/estimates", "/v1/decisions", "/v1/switches", "/v1/profiles", "/"):
+                assert (await http.get(path)).status_code == 200, path
+
+            for path, body in (
+                ("/v1/switch", {"profile": "eagle3-2step"}),
+                ("/v1/trial/abort", None),
+            ):
+                r = await http.post(path, json=body, headers=AUTH)
+                assert r.status_code == 409, (path, r.text)
+                assert r.json()["detail"].startswith("the server is starting"), r.text
+            r = await http.put(
+                "/v1/pause", json={"ttl_s": 600, "reason": "cold start"}, headers=AUTH
+            )
+            assert r.status_code == 200 and r.json()["pause"] is not None, r.text
+            assert actuator.calls == [("start", "baseline")]  # still held: nothing else began
+
+            actuator.start_hold.set()
+            await _until(lambda: d.controller.ready, "the first good scrape after the start")
+            assert (await http.get("/healthz")).json() == {
+                "ok": True,
+                "ready": True,
+                "profile": "baseline",
+            }
+            st = (await http.get("/v1/status")).json()
+            assert st["switch_in_flight"] is False and st["profile"] == "baseline"
+            assert st["target"]["down_reason"] is None
+            assert st["overrides"]["pause"] is not None  # recorded during the start, in force
+            assert "specpilot_switch_in_flight 0.0" in (await http.get("/metrics")).text
+            assert (await http.delete("/v1/pause", headers=AUTH)).status_code == 200
+            r = await http.post("/v1/switch", json={"profile": "eagle3-2step"}, headers=AUTH)
+            assert r.status_code == 202, r.text
+    finally:
+        actuator.start_hold.set()
+        stop.set()
+        assert await asyncio.wait_for(served, 10) == 0
+    assert actuator.calls == [("start", "baseline"), ("switch", "eagle3-2step")]
+    assert _refused(port)
+
+
+async def test_a_sigterm_during_the_start_stops_the_api_and_the_daemon(tmp_path: Path) -> None:
+    """SIGTERM while the API serves a start-up held in a cold start: serve returns 0 at once,
+    the API is closed and no server is stopped or started (the next daemon adopts it)."""
+    d, actuator = _held_start_daemon(tmp_path)
+    served = asyncio.create_task(serve(d))  # the daemon's own SIGTERM handler
+    port = await _start_held_with_api_up(d, actuator)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert await asyncio.wait_for(served, 10) == 0
+    assert actuator.calls == [("start", "baseline")] and actuator.server.profile is None
+    assert _refused(port)
+
+
+def test_a_start_that_fails_while_the_api_serves_exits_1_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`specpilot run` whose server cannot start: the API answered during the start (not
+    ready), and the daemon exits 1 with the start-up's one line, as it did before the API
+    served during the start-up, its API closed and no server stopped."""
+    port = free_port()
+    seen: dict[str, Any] = {}
+
+    class FailingStart(FakeActuator):
+        async def start(self, profile: str) -> SwitchResult:
+            async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
+                seen["healthz"] = (await http.get(f"http://127.0.0.1:{port}/healthz")).json()
+            return await super().start(profile)
+
+    def fake_actuator(_: Settings, clock: Clock, __: httpx.AsyncClient) -> FakeActuator:
+        actuator = FailingStart(FakeServer(clock), clock)
+        actuator.broken = {"baseline"}
+        seen["actuator"] = actuator
+        return actuator
+
+    monkeypatch.setattr(daemon_mod, "make_actuator", fake_actuator)
+    monkeypatch.setattr(daemon_mod, "setup_logging", lambda level: None)  # pytest's handlers
+    monkeypatch.delenv("SPECPILOT_API_TOKEN", raising=False)
+    cfg = write_config(
+        tmp_path / "config.toml", config(tmp_path, api={"enabled": True, "port": port})
+    )
+    caplog.set_level(logging.INFO)
+    assert run_daemon(cfg) == 1
+    assert seen["healthz"] == {"ok": True, "ready": False, "profile": None}
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [(e.getMessage(), e.exc_info) for e in errors] == [
+        ("could not start profile baseline: server exited with status 1", None)
+    ]
+    assert seen["actuator"].calls == [("start", "baseline")]  # nothing stopped
+    assert _refused(port)
