@@ -294,8 +294,8 @@ def status(
     pin = f"{ov['pin']['profile']}{until(ov['pin'])}" if ov["pin"] else "-"
     paused = f"yes{until(ov['pause'])}" if ov["pause"] else "no"
     if st["profile"] is None:  # nothing serves: say why rather than print None
-        why = "switch in flight" if st.get("switch_in_flight") else None
-        why = why or (st.get("target") or {}).get("down_reason") or "no server running"
+        why = (st.get("target") or {}).get("down_reason")
+        why = why or ("switch in flight" if st.get("switch_in_flight") else "no server running")
         profile = f"[bold]-[/bold] ({escape(why)})"
     else:
         profile = f"[bold]{escape(st['profile'])}[/bold]"

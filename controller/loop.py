@@ -1496,6 +1496,8 @@ class Controller:
                 if self.starting_profile is not None
                 else "start-up: looking for a server to adopt"
             )
+        elif self.running is None and self._switching():
+            down_reason = "switch in flight"  # an operator's start of a server that was down
         elif self.running is None and self.restart_plan is not None:
             target, reason, _ = self.restart_plan
             wait = max(0.0, self.next_crash_restart_s - self.clock.now())

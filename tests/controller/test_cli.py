@@ -595,6 +595,10 @@ def test_status_table_keeps_names_and_numbers_at_80_columns(
     [
         ({"switch_in_flight": True}, "profile - (switch in flight)"),
         (
+            {"switch_in_flight": True, "target": {"down_reason": "start-up: starting baseline"}},
+            "profile - (start-up: starting baseline)",
+        ),
+        (
             {"target": {"down_reason": "server down: restart_crashed of baseline in 30 s"}},
             "profile - (server down: restart_crashed of baseline in 30 s)",
         ),
@@ -622,7 +626,7 @@ def test_status_says_why_no_profile_runs(
     assert "None" not in r.output and "in force" not in r.output
     status["overrides"]["in_force"] = "paused: nothing switches; the pin on x acts when ..."
     r = cli("status", "--api", "http://127.0.0.1:1")
-    assert r.output.splitlines()[2] == f"in force: {status['overrides']['in_force']}"
+    assert f"in force: {status['overrides']['in_force']}" in r.output.splitlines()
 
 
 @pytest.mark.parametrize("command", [["pin", "eagle3-2step"], ["pause"]])

@@ -66,3 +66,27 @@ async def test_run_waits_for_an_operator_switch_in_flight_before_it_returns(
         assert (row["to_profile"], row["outcome"]) == ("eagle3-2step", "ok")
     finally:
         await rig.close()
+
+
+async def test_an_operator_start_of_a_server_that_was_down_shows_in_the_status(
+    tmp_path: Path,
+) -> None:
+    rig = await make_rig(tmp_path)
+    c = rig.controller
+    try:
+        await rig.ticks(3)
+        rig.server.profile = None  # the server died
+        await rig.ticks(1)
+        assert c.running is None
+        assert c.status()["target"]["down_reason"].startswith("server down: restart_crashed")
+        rig.actuator.hold = asyncio.Event()
+        c.start_manual_switch("eagle3-2step", "bring it back on 2-step", "test")
+        await asyncio.sleep(0)
+        st = c.status()
+        assert st["switch_in_flight"] and st["target"]["down_reason"] == "switch in flight"
+        rig.actuator.hold.set()
+        assert c._manual is not None
+        await c._manual
+        assert c.running == "eagle3-2step" and c.status()["target"]["down_reason"] is None
+    finally:
+        await rig.close()
