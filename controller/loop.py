@@ -243,9 +243,7 @@ class Controller:
                 wanted = wanted or interrupted["from_profile"]
                 if wanted in self.specs:
                     first = str(wanted)
-            d = Decision(now, Action.SWITCH, first, Reason.START, {"startup": True})
-            self.starting_profile = first
-            result, sid = await self._actuate(d, start=True)
+            result, sid = await self._start_up_with(first, now)
             fallback = self.settings.server.initial_profile
             if chosen is not None and result.outcome is SwitchOutcome.START_FAILED:
                 # The overrides' choice must not keep the daemon from starting at all.
@@ -253,9 +251,7 @@ class Controller:
                 if self.overrides.pin_profile == first:
                     self._drop_failed_pin(result)
                 first = fallback
-                d = Decision(now, Action.SWITCH, first, Reason.START, {"startup": True})
-                self.starting_profile = first
-                result, sid = await self._actuate(d, start=True)
+                result, sid = await self._start_up_with(first, now)
             if sid is None and result.outcome is SwitchOutcome.SKIPPED_ADVISORY:
                 log.warning(
                     "advisory mode and no server on %s: waiting for one to adopt",
@@ -308,6 +304,13 @@ class Controller:
             self._serving(self.running)
         self.metrics.set_profile(self.running)
         self.metrics.set_mode(self.mode)
+
+    async def _start_up_with(self, profile: str, now: float) -> tuple[SwitchResult, int | None]:
+        """The start-up's start of `profile` (nothing serves): shown as the status's target
+        while it runs."""
+        self.starting_profile = profile
+        d = Decision(now, Action.SWITCH, profile, Reason.START, {"startup": True})
+        return await self._actuate(d, start=True)
 
     def _operator_start_profile(self, now: float) -> str | None:
         """The profile the operator's overrides restored from the store ask a start with no
@@ -1270,10 +1273,9 @@ class Controller:
 
     # ----------------------------------------------------------------------------- operator ops
     def _check_profile(self, profile: str) -> None:
-        """A profile an operator names (pin, switch) must be one of the config and, once the
-        policy state is loaded, of the state (reconciled with the config at startup)."""
-        known = self.specs if self.state is None else self.state.specs
-        if profile not in self.specs or profile not in known:
+        """A profile an operator names (pin, switch) must be one of the config (the policy
+        state has the same profiles: startup reconciles them)."""
+        if profile not in self.specs:
             raise UnknownProfileError(profile)
 
     def _current_overrides(self, **changes: Any) -> Overrides:
@@ -1329,13 +1331,11 @@ class Controller:
         """Judge the running trial failed now and roll back to the profile before it
         (ConflictError during the start-up, which is still loading the trial, and while a
         switch is in flight; False when no trial runs)."""
-        if self.starting:
-            self._refuse_switch_now()
-        assert self.state is not None
-        trial = self.state.trial
-        if trial is None:
+        trial = self.state.trial if self.state is not None else None
+        if trial is None and not self.starting:
             return False
         self._refuse_switch_now()
+        assert self.state is not None and trial is not None
         now = self.clock.now()
         self.store.record_override(
             "trial_abort", now, actor, profile=str(trial["profile"]), reason=reason
