@@ -1292,6 +1292,11 @@ class Controller:
         )
 
     def unpin(self, reason: str, actor: str) -> None:
+        """Remove the pin; with none set, nothing changes and no audit row is written (the
+        request is idempotent, and the audit log lists only what changed)."""
+        if self.overrides.pin_profile is None:
+            log.info("unpin by %s: no pin was set", actor)
+            return
         new = self._current_overrides(pin_profile=None, pin_until_s=None)
         self._operator_change("unpin", actor, new, reason=reason)
 
@@ -1301,6 +1306,10 @@ class Controller:
         self._operator_change("pause", actor, new, ttl_s=ttl_s, until_s=until, reason=reason)
 
     def resume(self, reason: str, actor: str) -> None:
+        """End the pause; with none set, nothing changes and no audit row is written."""
+        if self.overrides.paused_until_s is None:
+            log.info("resume by %s: no pause was set", actor)
+            return
         new = self._current_overrides(paused_until_s=None)
         self._operator_change("resume", actor, new, reason=reason)
 

@@ -225,11 +225,14 @@ async def test_actor_header_is_utf8(rig: Rig, api: httpx.AsyncClient) -> None:
         ("José Müller 山田".encode(), "José Müller 山田"),
         ("é".encode() * 150, "é" * 100),  # the 100-character limit counts characters
     ):
-        r = await api.delete("/v1/pause", headers={**AUTH, "x-specpilot-actor": sent})
+        headers = {**AUTH, "x-specpilot-actor": sent}
+        r = await api.put("/v1/pause", json={"ttl_s": 60}, headers=headers)
         assert r.status_code == 200, r.text
         assert rig.store.overrides_history()[0]["actor"] == stored
     before = rig.store.counts()["overrides"]
-    r = await api.delete("/v1/pause", headers={**AUTH, "x-specpilot-actor": b"caf\xe9"})
+    r = await api.put(
+        "/v1/pause", json={"ttl_s": 60}, headers={**AUTH, "x-specpilot-actor": b"caf\xe9"}
+    )
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"] == ["header", "x-specpilot-actor"]
     assert rig.store.counts()["overrides"] == before
@@ -314,8 +317,15 @@ async def test_pin_acts_and_unpin(rig: Rig, api: httpx.AsyncClient) -> None:
     r = await api.delete("/v1/pin", params={"reason": "done & dusted"}, headers=AUTH)
     assert r.json()["pin"] is None
     assert rig.store.overrides_history()[0]["reason"] == "done & dusted"
-    r = await api.delete("/v1/pause", headers=AUTH)  # resuming when not paused is fine
-    assert r.status_code == 200
+    # Removing what is not there is fine (idempotent) and leaves no audit row behind: the
+    # audit log lists changes only.
+    before = rig.store.counts()["overrides"]
+    for path in ("/v1/pin", "/v1/pause"):
+        r = await api.delete(path, headers=AUTH)
+        assert r.status_code == 200
+        assert r.json()["pin"] is None and r.json()["pause"] is None
+    assert rig.store.counts()["overrides"] == before
+    assert rig.store.overrides_history()[0]["kind"] == "unpin"
 
 
 async def test_mode_change(rig: Rig, api: httpx.AsyncClient) -> None:
