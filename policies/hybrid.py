@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from policies.chain import Z90, alpha_from_accept_length
+from policies.cycle_time import DRAFT_SHARE_MAX
 from policies.forward_cost import line_pair
 from policies.types import Estimate, ProfileSpec
 
@@ -94,9 +95,6 @@ EMULATION_SEED = 20250523
 # simulator's window engine does).
 CLT_BATCH = 16
 
-# Draft-extend pass when no run measures it: the draft model is under 5% of a cycle (FIELD.md),
-# shared by g draft steps and one extend pass, so the tax lies in [0, 5% x T_g / (g + 1)].
-DRAFT_SHARE_MAX = 0.05
 
 _SLOT_KEYS = {
     "candidate_steps",
@@ -1064,7 +1062,8 @@ def tier_cycle_from(
     linear in g between the two nearest run tiers (extrapolated along the end secant, the
     interval widened by 10% per step of distance: verify growth with tokens saturates for MoE
     and is steeper when compute-bound). Tier 0: the baseline's decode step plus the draft-extend
-    tax, taken uniform on [0, DRAFT_SHARE_MAX x T_g / (g + 1)] of the shallowest run tier. With
+    tax, taken uniform on [0, DRAFT_SHARE_MAX x T_g / (g + 1)] of the shallowest run tier (the
+    draft model's share of a cycle, shared by g draft steps and one extend pass). With
     one run chain and the baseline's data, the other tiers are priced by `_one_chain`, so the
     tiers of a profile set with one chain (baseline, 2-step and an adaptive profile whose table
     uses 1 step) are priced, and its own windows can correct them. A chain never run is held
