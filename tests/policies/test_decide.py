@@ -1,5 +1,4 @@
 import json
-from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -511,26 +510,6 @@ def test_invariants(warm_state, evs, seed) -> None:  # type: ignore[no-untyped-d
     assert PolicyState.from_dict(json.loads(json.dumps(state.to_dict()))).to_dict() == json.loads(
         json.dumps(state.to_dict())
     )
-
-
-def test_tick_cost_is_small() -> None:
-    import time
-
-    dr = Driver("baseline", seed=13)
-    dr.run(50, 8, HI, MIX)
-    syn = Synth(seed=14)
-    obs = [
-        syn.window(dr.state.specs[dr.state.running], dr.t + 10 * i, 8, HI, MIX)
-        for i in range(1, 401)
-    ]
-    state = dr.state
-    t0 = time.perf_counter()
-    for i, o in enumerate(obs, 1):
-        state, _ = decide(state, o, dr.t + 10 * i, S, Overrides())
-    per_tick = (time.perf_counter() - t0) / len(obs)
-    # Budget from the brief: well under 0.5 ms per tick (generous here: a shared 2-core box).
-    assert per_tick < 1.0e-3, per_tick
-    assert Counter(type(x) for x in obs)
 
 
 def test_drift_findings_within_a_boot_and_across_boots() -> None:
