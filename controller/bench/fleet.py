@@ -47,7 +47,7 @@ import numpy as np
 
 from controller.bench import peers
 from controller.bench.harness import Replay, Segment, SwitchEvent, Tick, VirtualServer
-from controller.bench.metrics import _gain_between, _rate
+from controller.bench.metrics import _gain_between, _rate, comes_up_worse
 from controller.bench.oracles import (
     Measurements,
     OracleResult,
@@ -577,9 +577,7 @@ def fleet_false_switches(scenario: Scenario, rates: Mapping[str, np.ndarray], re
     count = sum(1 for s in rep.switches if s.reason == CANARY_ROLLED_BACK)
     deploy = [s for s in rep.switches if s.reason != CANARY_ROLLED_BACK]
     for i, sw in enumerate(deploy):
-        phase = scenario.phase_at(sw.up_s if sw.up_s < scenario.duration_s else sw.t_s).index
-        r_new, r_old = _rate(rates, sw.to_profile, phase), _rate(rates, sw.from_profile, phase)
-        if math.isfinite(r_new) and math.isfinite(r_old) and r_new <= r_old:
+        if comes_up_worse(scenario, rates, sw):
             count += 1
             continue
         nxt = deploy[i + 1] if i + 1 < len(deploy) else None

@@ -7,7 +7,8 @@ rates (oracles.phase_rates: the same run's measurements, not the policy's belief
   included; SGLang adaptive's in-process tier moves are not restarts and do not count).
 - A false switch is a switch from A to B such that either
   (a) B is not better than A in the measured rates of the phase in which B comes up (the one
-      it was decided in, unless the restart ran past a phase change), or
+      it was decided in, unless the restart ran past a phase change; where that phase has no
+      traffic, the first phase after it that has), or
   (b) it is undone before it repays its restart: the next switch goes back to A, and the tokens
       B gained over A between B coming up and that next switch (measured rates, phase by phase)
       are fewer than the tokens A would have served during the restart.
@@ -70,6 +71,20 @@ def _gain_between(
     return gain
 
 
+def comes_up_worse(scenario: Scenario, rates: Mapping[str, np.ndarray], sw: SwitchEvent) -> bool:
+    """Rule (a): the new profile is not better than the old in the measured rates of the phase
+    it comes up in (a clairvoyant switches ahead of a change), or, where that phase has no
+    traffic, of the first phase after it that has: an idle phase serves nothing on either, so a
+    switch made in one (the oracle's ahead of the load's return) is judged where it serves.
+    Never false when no traffic follows."""
+    start = scenario.phase_at(sw.up_s if sw.up_s < scenario.duration_s else sw.t_s).index
+    phase = next((ph.index for ph in scenario.phases[start:] if ph.concurrency > 0), None)
+    if phase is None:
+        return False
+    r_new, r_old = _rate(rates, sw.to_profile, phase), _rate(rates, sw.from_profile, phase)
+    return math.isfinite(r_new) and math.isfinite(r_old) and r_new <= r_old
+
+
 def is_false_switch(
     scenario: Scenario,
     rates: Mapping[str, np.ndarray],
@@ -77,11 +92,10 @@ def is_false_switch(
     following: SwitchEvent | None,
 ) -> bool:
     """See the module docstring: (a) not better in its phase, or (b) undone before repaid."""
-    # The phase the new profile starts serving in (a clairvoyant switches ahead of a change).
-    phase = scenario.phase_at(sw.up_s if sw.up_s < scenario.duration_s else sw.t_s).index
-    r_new, r_old = _rate(rates, sw.to_profile, phase), _rate(rates, sw.from_profile, phase)
-    if math.isfinite(r_new) and math.isfinite(r_old) and r_new <= r_old:
+    if comes_up_worse(scenario, rates, sw):
         return True
+    up = scenario.phase_at(sw.up_s if sw.up_s < scenario.duration_s else sw.t_s).index
+    r_old = _rate(rates, sw.from_profile, up)
     if following is not None and following.to_profile == sw.from_profile:
         gain = _gain_between(
             scenario, rates, sw.to_profile, sw.from_profile, sw.up_s, following.t_s

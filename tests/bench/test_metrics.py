@@ -79,3 +79,39 @@ def test_row_json_has_exactly_the_issue_keys() -> None:
     )
     assert tuple(row.to_json()) == JSON_KEYS
     assert row.ratio_oracle_dp == 0.5 and row.ratio_best_static == 1.25 and row.switches == 1
+
+
+def test_a_switch_that_comes_up_in_an_idle_phase_is_judged_where_traffic_returns() -> None:
+    # An idle hour between the two: a switch to 2-step made in it (as oracle_dp makes it, ahead
+    # of the 64 streams) serves nothing there on either profile, and is judged in phase 2.
+    mix = {"chat": 1.0}
+    sc = make_scenario(
+        phases=[
+            {"duration_s": 1800, "concurrency": 1, "workloads": mix},
+            {"duration_s": 1800, "concurrency": 0, "workloads": mix},
+            {"duration_s": 1800, "concurrency": 64, "workloads": mix},
+        ]
+    )
+    rates = {
+        "eagle3-5step": np.array([160.0, 0.0, 850.0]),
+        "eagle3-2step": np.array([120.0, 0.0, 900.0]),
+    }
+    ahead = Replay(
+        "t", "x", "eagle3-5step", 5400.0, switches=[sw(2000, "eagle3-5step", "eagle3-2step")]
+    )
+    assert false_switches(sc, rates, ahead) == 0
+    wrong = Replay(
+        "t", "x", "eagle3-2step", 5400.0, switches=[sw(2000, "eagle3-2step", "eagle3-5step")]
+    )
+    assert false_switches(sc, rates, wrong) == 1
+    # With no traffic after it, a switch is not false: nothing was served worse.
+    tail = make_scenario(
+        phases=[
+            {"duration_s": 1800, "concurrency": 1, "workloads": mix},
+            {"duration_s": 1800, "concurrency": 0, "workloads": mix},
+        ]
+    )
+    idle = Replay(
+        "t", "x", "eagle3-2step", 3600.0, switches=[sw(2000, "eagle3-2step", "eagle3-5step")]
+    )
+    assert false_switches(tail, {k: v[:2] for k, v in rates.items()}, idle) == 0
