@@ -16,6 +16,8 @@ rates (oracles.phase_rates: the same run's measurements, not the policy's belief
   the one that was best before, and not the one the policy is running at the change, the poll
   windows from the change to the policy's first switch decision inside the new phase. A change
   with no switch inside the new phase is a missed detection (left out of the mean, counted).
+  Phases without traffic have no best profile: they are skipped, and the phase after one is
+  compared with the last phase before it that had traffic.
 
 Must not: run replays or know policies' internals.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -123,9 +126,13 @@ def detection_delays(
     missed = 0
     if not cands:
         return delays, missed
-    for ph in scenario.phases[1:]:
-        before = max(cands, key=lambda p: np.nan_to_num(rates[p][ph.index - 1], nan=-1.0))
-        after = max(cands, key=lambda p: np.nan_to_num(rates[p][ph.index], nan=-1.0))
+
+    def best(phase: int) -> str:
+        return max(cands, key=lambda p: np.nan_to_num(rates[p][phase], nan=-1.0))
+
+    busy = [ph for ph in scenario.phases if ph.concurrency > 0]
+    for prev, ph in pairwise(busy):
+        before, after = best(prev.index), best(ph.index)
         if before == after or rep.profile_at(ph.start_s) == after:
             continue
         first = next((s for s in rep.switches if ph.start_s <= s.t_s < ph.end_s), None)

@@ -115,3 +115,27 @@ def test_a_switch_that_comes_up_in_an_idle_phase_is_judged_where_traffic_returns
         "t", "x", "eagle3-2step", 3600.0, switches=[sw(2000, "eagle3-2step", "eagle3-5step")]
     )
     assert false_switches(tail, {k: v[:2] for k, v in rates.items()}, idle) == 0
+
+
+def test_an_idle_phase_has_nothing_to_detect() -> None:
+    # 5-step best, an idle half hour, then 2-step best: one change to detect, from phase 0 to
+    # phase 2; the idle phase's all-zero rates name no best profile (they named the first).
+    mix = {"chat": 1.0}
+    sc = make_scenario(
+        phases=[
+            {"duration_s": 1800, "concurrency": 1, "workloads": mix},
+            {"duration_s": 1800, "concurrency": 0, "workloads": mix},
+            {"duration_s": 1800, "concurrency": 64, "workloads": mix},
+        ]
+    )
+    rates = {
+        "baseline": np.array([80.0, 0.0, 800.0]),
+        "eagle3-2step": np.array([120.0, 0.0, 900.0]),
+        "eagle3-5step": np.array([160.0, 0.0, 850.0]),
+    }
+    rep = Replay(
+        "t", "x", "eagle3-5step", 5400.0, switches=[sw(3650, "eagle3-5step", "eagle3-2step")]
+    )
+    assert detection_delays(sc, rates, rep) == ([5.0], 0)
+    stays = Replay("t", "x", "eagle3-5step", 5400.0)
+    assert detection_delays(sc, rates, stays) == ([], 1)
