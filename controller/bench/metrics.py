@@ -74,13 +74,19 @@ def _gain_between(
     return gain
 
 
+def _up_phase(scenario: Scenario, sw: SwitchEvent) -> int:
+    """The phase the new profile starts serving in (the one it was decided in unless the restart
+    ran past a phase change; a restart past the end: the decision's)."""
+    return scenario.phase_at(sw.up_s if sw.up_s < scenario.duration_s else sw.t_s).index
+
+
 def comes_up_worse(scenario: Scenario, rates: Mapping[str, np.ndarray], sw: SwitchEvent) -> bool:
     """Rule (a): the new profile is not better than the old in the measured rates of the phase
     it comes up in (a clairvoyant switches ahead of a change), or, where that phase has no
     traffic, of the first phase after it that has: an idle phase serves nothing on either, so a
     switch made in one (the oracle's ahead of the load's return) is judged where it serves.
     Never false when no traffic follows."""
-    start = scenario.phase_at(sw.up_s if sw.up_s < scenario.duration_s else sw.t_s).index
+    start = _up_phase(scenario, sw)
     phase = next((ph.index for ph in scenario.phases[start:] if ph.concurrency > 0), None)
     if phase is None:
         return False
@@ -97,8 +103,7 @@ def is_false_switch(
     """See the module docstring: (a) not better in its phase, or (b) undone before repaid."""
     if comes_up_worse(scenario, rates, sw):
         return True
-    up = scenario.phase_at(sw.up_s if sw.up_s < scenario.duration_s else sw.t_s).index
-    r_old = _rate(rates, sw.from_profile, up)
+    r_old = _rate(rates, sw.from_profile, _up_phase(scenario, sw))
     if following is not None and following.to_profile == sw.from_profile:
         gain = _gain_between(
             scenario, rates, sw.to_profile, sw.from_profile, sw.up_s, following.t_s
