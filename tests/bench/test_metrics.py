@@ -6,6 +6,7 @@ import numpy as np
 
 from controller.bench.harness import Replay, Segment, SwitchEvent
 from controller.bench.metrics import JSON_KEYS, detection_delays, false_switches, make_row
+from controller.bench.scenario import Scenario
 from tests.bench.conftest import make_scenario
 
 # Two 1800 s phases: 5-step best in phase 0 (one stream), 2-step best in phase 1.
@@ -81,61 +82,42 @@ def test_row_json_has_exactly_the_issue_keys() -> None:
     assert row.ratio_oracle_dp == 0.5 and row.ratio_best_static == 1.25 and row.switches == 1
 
 
-def test_a_switch_that_comes_up_in_an_idle_phase_is_judged_where_traffic_returns() -> None:
-    # An idle hour between the two: a switch to 2-step made in it (as oracle_dp makes it, ahead
-    # of the 64 streams) serves nothing there on either profile, and is judged in phase 2.
+# 5-step best at one stream, an idle half hour, then 2-step best at 64 streams.
+IDLE_RATES = {
+    "baseline": np.array([80.0, 0.0, 800.0]),
+    "eagle3-2step": np.array([120.0, 0.0, 900.0]),
+    "eagle3-5step": np.array([160.0, 0.0, 850.0]),
+}
+
+
+def _with_idle(concurrencies: tuple[int, ...] = (1, 0, 64)) -> Scenario:
     mix = {"chat": 1.0}
-    sc = make_scenario(
-        phases=[
-            {"duration_s": 1800, "concurrency": 1, "workloads": mix},
-            {"duration_s": 1800, "concurrency": 0, "workloads": mix},
-            {"duration_s": 1800, "concurrency": 64, "workloads": mix},
-        ]
+    return make_scenario(
+        phases=[{"duration_s": 1800, "concurrency": c, "workloads": mix} for c in concurrencies]
     )
-    rates = {
-        "eagle3-5step": np.array([160.0, 0.0, 850.0]),
-        "eagle3-2step": np.array([120.0, 0.0, 900.0]),
-    }
-    ahead = Replay(
-        "t", "x", "eagle3-5step", 5400.0, switches=[sw(2000, "eagle3-5step", "eagle3-2step")]
-    )
-    assert false_switches(sc, rates, ahead) == 0
-    wrong = Replay(
-        "t", "x", "eagle3-2step", 5400.0, switches=[sw(2000, "eagle3-2step", "eagle3-5step")]
-    )
-    assert false_switches(sc, rates, wrong) == 1
+
+
+def _one_switch(t: float, a: str, b: str, end: float = 5400.0) -> Replay:
+    return Replay("t", "x", a, end, switches=[sw(t, a, b)])
+
+
+def test_a_switch_that_comes_up_in_an_idle_phase_is_judged_where_traffic_returns() -> None:
+    # A switch to 2-step made in the idle phase (as oracle_dp makes it, ahead of the 64
+    # streams) serves nothing there on either profile, and is judged in phase 2.
+    sc = _with_idle()
+    assert false_switches(sc, IDLE_RATES, _one_switch(2000, "eagle3-5step", "eagle3-2step")) == 0
+    assert false_switches(sc, IDLE_RATES, _one_switch(2000, "eagle3-2step", "eagle3-5step")) == 1
     # With no traffic after it, a switch is not false: nothing was served worse.
-    tail = make_scenario(
-        phases=[
-            {"duration_s": 1800, "concurrency": 1, "workloads": mix},
-            {"duration_s": 1800, "concurrency": 0, "workloads": mix},
-        ]
-    )
-    idle = Replay(
-        "t", "x", "eagle3-2step", 3600.0, switches=[sw(2000, "eagle3-2step", "eagle3-5step")]
-    )
-    assert false_switches(tail, {k: v[:2] for k, v in rates.items()}, idle) == 0
+    two = {k: v[:2] for k, v in IDLE_RATES.items()}
+    idle = _one_switch(2000, "eagle3-2step", "eagle3-5step", end=3600.0)
+    assert false_switches(_with_idle((1, 0)), two, idle) == 0
 
 
 def test_an_idle_phase_has_nothing_to_detect() -> None:
-    # 5-step best, an idle half hour, then 2-step best: one change to detect, from phase 0 to
-    # phase 2; the idle phase's all-zero rates name no best profile (they named the first).
-    mix = {"chat": 1.0}
-    sc = make_scenario(
-        phases=[
-            {"duration_s": 1800, "concurrency": 1, "workloads": mix},
-            {"duration_s": 1800, "concurrency": 0, "workloads": mix},
-            {"duration_s": 1800, "concurrency": 64, "workloads": mix},
-        ]
-    )
-    rates = {
-        "baseline": np.array([80.0, 0.0, 800.0]),
-        "eagle3-2step": np.array([120.0, 0.0, 900.0]),
-        "eagle3-5step": np.array([160.0, 0.0, 850.0]),
-    }
-    rep = Replay(
-        "t", "x", "eagle3-5step", 5400.0, switches=[sw(3650, "eagle3-5step", "eagle3-2step")]
-    )
-    assert detection_delays(sc, rates, rep) == ([5.0], 0)
+    # One change to detect, from phase 0 to phase 2; the idle phase's all-zero rates name no
+    # best profile (they named the first).
+    sc = _with_idle()
+    rep = _one_switch(3650, "eagle3-5step", "eagle3-2step")
+    assert detection_delays(sc, IDLE_RATES, rep) == ([5.0], 0)
     stays = Replay("t", "x", "eagle3-5step", 5400.0)
-    assert detection_delays(sc, rates, stays) == ([], 1)
+    assert detection_delays(sc, IDLE_RATES, stays) == ([], 1)
