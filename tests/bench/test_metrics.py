@@ -98,7 +98,12 @@ def _with_idle(concurrencies: tuple[int, ...] = (1, 0, 64)) -> Scenario:
 
 
 def _one_switch(t: float, a: str, b: str, end: float = 5400.0) -> Replay:
-    return Replay("t", "x", a, end, switches=[sw(t, a, b)])
+    """A replay on `a` that switches to `b` at `t` (its segments' phase numbers unused here)."""
+    s = sw(t, a, b)
+    segments = [Segment(0.0, t, 0, a, 0.0), Segment(t, s.up_s, 0, None, 0.0)]
+    return Replay(
+        "t", "x", a, end, switches=[s], segments=[*segments, Segment(s.up_s, end, 0, b, 0.0)]
+    )
 
 
 def test_a_switch_that_comes_up_in_an_idle_phase_is_judged_where_traffic_returns() -> None:
@@ -119,5 +124,7 @@ def test_an_idle_phase_has_nothing_to_detect() -> None:
     sc = _with_idle()
     rep = _one_switch(3650, "eagle3-5step", "eagle3-2step")
     assert detection_delays(sc, IDLE_RATES, rep) == ([5.0], 0)
-    stays = Replay("t", "x", "eagle3-5step", 5400.0)
+    stays = Replay(
+        "t", "x", "eagle3-5step", 5400.0, segments=[Segment(0, 5400, 0, "eagle3-5step", 0)]
+    )
     assert detection_delays(sc, IDLE_RATES, stays) == ([], 1)
