@@ -131,6 +131,13 @@ class CusumDetector:
     last_t: float | None = None  # time of the last point
     hi_since: float | None = None  # time of the point before the upper run began
     lo_since: float | None = None
+    # The level held when the noise scale was last re-learnt (`relearn`), its long-run sigma,
+    # the windows behind it and the time of its last point; compared with the new level once
+    # the new scale rests on LR_MIN_WINDOWS windows.
+    ref_mean: float | None = None
+    ref_sigma: float = 0.0
+    ref_n: int = 0
+    ref_t: float | None = None
 
     def sigma(self) -> float:
         """Long-run noise scale of the window sum the CUSUM accumulates."""
@@ -176,6 +183,45 @@ class CusumDetector:
         self.hi_n = self.lo_n = 0
         self.established = False
 
+    def relearn(self) -> None:
+        """The noise of the points changes from here (a point's spread is set by what stands
+        behind it: a window at 64 streams holds fifty times the verify steps of one at a single
+        stream): the scale and the regime start over, and the level held so far is kept as a
+        reference. Once the new scale rests on LR_MIN_WINDOWS windows, a new level that the
+        CUSUM would have alarmed on over those windows (reference noise included) is a change
+        dated from the last point before this call. A level moving at the same time as the
+        noise would otherwise go unseen: the old scale raises false alarms, and a detector
+        started afresh takes the new level as its first. A detector re-learnt again before
+        that comparison keeps its first reference."""
+        if self.ref_mean is None and self.n > 0 and self.established:
+            self.ref_mean = self.mean
+            self.ref_sigma = self.sigma()
+            self.ref_n = min(self.n, LEVEL_MEMORY_WINDOWS)
+            self.ref_t = self.last_t
+        self.absdiff, self.n_diff, self.last_x = 0.0, 0, None
+        self.mean, self.n, self.var = 0.0, 0, 0.0
+        self.s_hi = self.s_lo = 0.0
+        self.hi_sum = self.lo_sum = 0.0
+        self.hi_n = self.lo_n = 0
+        self.established = False
+
+    def _moved_from_reference(self, t_s: float) -> CusumEvent | None:
+        """The comparison `relearn` set up, once the new scale rests on LR_MIN_WINDOWS
+        windows: the n windows' sum of standardised residuals against the reference level,
+        less the drift allowance, past the threshold (the CUSUM's own test over those windows;
+        the reference level's own error widens the scale)."""
+        if self.ref_mean is None or self.n < LR_MIN_WINDOWS:
+            return None
+        ref, ref_sigma, ref_n, ref_t = self.ref_mean, self.ref_sigma, self.ref_n, self.ref_t
+        self.ref_mean, self.ref_sigma, self.ref_n, self.ref_t = None, 0.0, 0, None
+        n = self.n
+        sigma = self.sigma()
+        sigma *= math.sqrt(1.0 + n * (ref_sigma / sigma) ** 2 / max(ref_n, 1))
+        if n * (abs(self.mean - ref) / sigma - self.k) <= self.h:
+            return None
+        self.prev_mean = ref
+        return CusumEvent("change", t_s, ref, self.mean, n, ref_t)
+
     def update(self, x: float, t_s: float) -> CusumEvent | None:
         """Feed one window's value. Non-finite values are ignored."""
         if not math.isfinite(x):
@@ -193,7 +239,7 @@ class CusumDetector:
                 return CusumEvent("established", t_s, before, self.mean, self.n)
             if self.n >= LR_MIN_WINDOWS:
                 self.sigma()  # learn the long-run factor while still warming up
-            return None
+            return self._moved_from_reference(t_s)
         z = (x - self.mean) / self.sigma()
         z = max(-self.z_clip, min(self.z_clip, z))
         self.s_hi = max(0.0, self.s_hi + z - self.k)
@@ -223,7 +269,7 @@ class CusumDetector:
             self._start_regime(after, 0)
             return CusumEvent("change", t_s, before, after, count, since)
         self._absorb(x)
-        return None
+        return self._moved_from_reference(t_s)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -140,13 +140,14 @@ def _on_event(
                 # window at 64 streams holds fifty times one at a single stream): after a
                 # concurrency change they re-learn it, or the old scale raises false alarms.
                 # So is the mix streams' (a point holds the requests one window finishes, at
-                # least mix_point_min_requests: dozens at 64 streams, a few at one).
-                for k in [
-                    k
-                    for k in state.monitor.detectors
-                    if k.startswith("accept:") or k.startswith("mix:")
-                ]:
-                    del state.monitor.detectors[k]
+                # least mix_point_min_requests: dozens at 64 streams, a few at one). A
+                # workload's own accept length keeps its level to compare the new one with:
+                # new traffic under the same label (a batch job starting) often brings both.
+                for k, det in list(state.monitor.detectors.items()):
+                    if k.startswith(per_workload):
+                        det.relearn()
+                    elif k.startswith("accept:") or k.startswith("mix:"):
+                        del state.monitor.detectors[k]
             if state.trial is not None:
                 # A trial measures a profile against a prediction for the traffic of its switch.
                 state.trial["traffic_change_s"] = t_change

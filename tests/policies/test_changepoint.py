@@ -39,6 +39,64 @@ def first_change(det: CusumDetector, xs: np.ndarray, start: int = 0) -> int | No
     return None
 
 
+@pytest.mark.parametrize("moved", [False, True])
+def test_a_level_that_moves_when_the_noise_is_relearnt_is_a_change(moved: bool) -> None:
+    """A stream's noise shrinks tenfold at window 200 (a concurrency change: fifty times the
+    verify steps behind each point), and there `relearn` is called. If the level moved there
+    too (-10%, four sigmas of the old noise), the detector reports one change once the new
+    scale rests on 20 windows, before = the old level, after = the new, dated after the last
+    point before the relearn. If only the noise moved, nothing is reported: not in those 20
+    windows, nor in the 300 after (the new, tighter scale raises no false alarm either)."""
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        before = stream(rng, 200, 2.0, 0.05)
+        after = stream(rng, 320, 1.8 if moved else 2.0, 0.005)
+        det = CusumDetector()
+        assert first_change(det, before) is None
+        det.relearn()
+        events = []
+        for i, x in enumerate(after):
+            ev = det.update(float(x), 200.0 + i)
+            if ev is not None and ev.kind == "change":
+                events.append((i, ev))
+        if not moved:
+            assert events == [], seed
+            continue
+        assert len(events) == 1, seed
+        i, ev = events[0]
+        assert i == 19  # the 20th window after the relearn
+        assert ev.before == pytest.approx(2.0, abs=0.03)
+        assert ev.after == pytest.approx(1.8, abs=0.01)
+        assert ev.since_s == 199.0
+        # A change that dates back to the relearn, as _on_event dates it.
+        assert ev.t_s - (ev.n - 1) == 200.0
+        assert det.ref_mean is None  # compared once
+
+
+def test_a_detector_relearnt_twice_keeps_its_first_reference() -> None:
+    """Two concurrency changes ten windows apart: the reference is the level held before the
+    first (the ten windows between are no regime of their own), and it survives a save."""
+    rng = np.random.default_rng(5)
+    det = CusumDetector()
+    for i, x in enumerate(stream(rng, 100, 2.0, 0.05)):
+        det.update(float(x), float(i))
+    det.relearn()
+    for i, x in enumerate(stream(rng, 10, 1.5, 0.01)):
+        det.update(float(x), 100.0 + i)
+    det.relearn()
+    assert det.ref_mean == pytest.approx(2.0, abs=0.03) and det.ref_t == 99.0
+    det = CusumDetector.from_dict(json.loads(json.dumps(det.to_dict())))
+    found = [
+        ev
+        for i, x in enumerate(stream(rng, 30, 1.5, 0.01))
+        if (ev := det.update(float(x), 110.0 + i)) is not None and ev.kind == "change"
+    ]
+    assert len(found) == 1 and found[0].before == pytest.approx(2.0, abs=0.03)
+    # A detector saved before references were kept loads without one.
+    old = {k: v for k, v in det.to_dict().items() if not k.startswith("ref_")}
+    assert CusumDetector.from_dict(old).ref_mean is None
+
+
 @pytest.mark.parametrize("step_sigmas", [5.0, 8.0, -5.0, 20.0, -40.0])
 def test_step_change_detected_within_three_windows(step_sigmas: float) -> None:
     delays = []

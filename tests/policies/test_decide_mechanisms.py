@@ -432,6 +432,37 @@ def test_alternating_traffic_makes_a_switch_pay_for_its_way_back(
         assert dr.state.running == "eagle5"
 
 
+# Traffic alternating 2 <-> 8 streams every 25 minutes (fewer flips than the long-run rule's,
+# and each regime too short to repay a 10-minute restart), one label: its acceptance is 0.7
+# for the first four regimes (5-step best; explored in the first), then 0.4 from a flip
+# on (new traffic under the same label, as when a batch job starts: baseline best at both
+# concurrencies, by ~15%).
+NEW_TRAFFIC_AT_S = 6000.0  # the fifth regime
+
+
+@pytest.fixture(scope="module")
+def new_traffic_same_label() -> Driver:
+    dr = Driver("baseline", restart_s=600.0, seed=51)
+    n = 0
+    while dr.t < NEW_TRAFFIC_AT_S + 3600.0:
+        alpha = 0.7 if dr.t < NEW_TRAFFIC_AT_S else 0.4
+        dr.run(150, 2 if n % 2 == 0 else 8, {"chat": alpha}, CHAT)
+        n += 1
+    return dr
+
+
+def test_an_acceptance_change_that_comes_with_a_concurrency_change_is_found(
+    new_traffic_same_label: Driver,
+) -> None:
+    """The concurrency change makes the label's accept-length detector re-learn its noise; the
+    level it held is compared with the new one, so the acceptance change is found and dated at
+    the flip (before, the detector started over at the new level and 5-step's prediction
+    stayed 70% above what it served for hours)."""
+    dr = new_traffic_same_label
+    assert dr.switches()[0].profile == "eagle5" and dr.switches()[0].t_s < NEW_TRAFFIC_AT_S
+    assert dr.state.last_accept_change_s == pytest.approx(NEW_TRAFFIC_AT_S, abs=60.0)
+
+
 @pytest.mark.parametrize("drift", [False, True])
 def test_a_boot_that_matches_the_last_one_keeps_its_other_batch_sizes(drift: bool) -> None:
     """5-step served 2 streams, then 12; baseline ran; 5-step boots again at 12 streams. Its
