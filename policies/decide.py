@@ -75,9 +75,9 @@ from policies.accept_length import cross_predictable
 from policies.explore_value import (
     breakeven_s,
     explore_gain,
-    interval_sd,
     prior_dist,
     shortfall_below,
+    switch_margin,
 )
 from policies.forgetting import batch_bucket
 from policies.intake import (
@@ -559,9 +559,7 @@ def _choose(
         if pr.bound:
             continue  # a bound is no prediction to switch on: only a run (exploration) says
         r = restart_time(state, name, s)
-        margin = s.margin_frac * cur + s.margin_z * math.hypot(
-            interval_sd(pr.tok_s), interval_sd(cur_pred.tok_s)
-        )
+        margin = switch_margin(cur_pred.tok_s, pr.tok_s, s.margin_frac, s.margin_z)
         # A profile whose cost may have moved with the system since it ran is switched to on
         # its pessimistic end only (what it delivers if it moved as far); the rest of its
         # interval is for exploration to weigh.

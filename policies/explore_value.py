@@ -5,7 +5,8 @@ Owns `prior_dist` (a prediction as a normal, a bound or an unseen acceptance as 
 no prediction as a band around the running rate), their closed-form shortfall and the expected
 excess of the best of several over the running rate, `explore_gain` (that excess less the
 switch margin), `breakeven_s` (the remaining regime at which an exploration repays), and
-`interval_sd` (the normal spread of an Estimate's ~90% interval).
+`interval_sd` (the normal spread of an Estimate's ~90% interval) and `switch_margin` (the
+switch rule's margin, which every restart decision clears).
 
 Must not: read state, decide anything, read clocks, or do I/O.
 """
@@ -31,6 +32,14 @@ def interval_sd(e: Estimate) -> float:
     if not (math.isfinite(e.high) and math.isfinite(e.low)):
         return math.inf
     return (e.high - e.low) / (2.0 * Z90)
+
+
+def switch_margin(current: Estimate, new: Estimate, margin_frac: float, margin_z: float) -> float:
+    """The switch rule's margin for leaving `current` for `new` (tok/s): margin_frac x C (what
+    the model cannot see) + margin_z x sd(N - C) (what it is unsure of)."""
+    return margin_frac * current.mean + margin_z * math.hypot(
+        interval_sd(new), interval_sd(current)
+    )
 
 
 def prior_dist(

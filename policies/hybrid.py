@@ -46,6 +46,7 @@ import numpy as np
 
 from policies.chain import Z90, alpha_from_accept_length
 from policies.cycle_time import DRAFT_SHARE_MAX
+from policies.explore_value import switch_margin
 from policies.forward_cost import line_pair
 from policies.types import Estimate, ProfileSpec
 
@@ -852,17 +853,10 @@ def rewrite_pays(
     net = (N - C - margin) x max(H - R, 0) - C x R and margin = margin_frac x C +
     margin_z x sd(N - C); it pays when the gain clears the margin and net > 0."""
     c, n = current.mean, new.mean
-    sd = math.hypot(_sd(current), _sd(new))
-    margin = margin_frac * c + margin_z * sd
+    margin = switch_margin(current, new, margin_frac, margin_z)
     gain = n - c
     net = (gain - margin) * max(horizon_s - restart_s, 0.0) - c * restart_s
     return gain - margin > 0 and net > 0, net
-
-
-def _sd(e: Estimate) -> float:
-    if not (math.isfinite(e.high) and math.isfinite(e.low)):
-        return math.inf
-    return (e.high - e.low) / (2.0 * Z90)
 
 
 # --------------------------------------------------------------------------------------------
