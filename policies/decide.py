@@ -19,7 +19,11 @@ of the last long-run window (batch sizes and workload mix) values the candidate 
 running profile, the regimes that favour the running profile will come back and take the
 switch back: its restart (R_back at C's long-run rate) is added to the cost
 (hybrid_decide.return_cost), except on the way back from an exploration to the profile it
-left, a restart the exploration's own cost already counted. Profiles never run, or whose data
+left, a restart the exploration's own cost already counted. Where that traffic, over two or
+more batch-size regimes, values the candidate above the running profile by more than the
+margin, the regimes to come keep the gain: a switch the current regime alone does not repay
+also counts that long-run gain for as long again as the window's history
+(hybrid_decide.carry_value, at most long_run_horizon_s). Profiles never run, or whose data
 predates the last detected change in acceptance or cycle time, and chains whose acceptance for
 the mix served now is unknown (a workload in it that no chain of the drafter has served), are
 explored when the expected value
@@ -553,6 +557,7 @@ def _choose(
     }
 
     best: tuple[float, str, float, float, float] | None = None  # net, name, gain, margin, R
+    carry: dict[str, float] = {}
     for name, pr in preds.items():
         if name == state.running or pr.tok_s is None or name in blocked_profiles:
             continue
@@ -565,6 +570,9 @@ def _choose(
         # interval is for exploration to weigh.
         gain = (pr.tok_s.low if pr.moved else pr.tok_s.mean) - cur
         net = (gain - margin) * max(horizon - r, 0.0) - cur * r
+        if gain - margin > 0 and net <= 0:
+            carry[name] = hybrid_decide.carry_value(state, name, s)
+            net += carry[name]
         if best is None or net > best[0]:
             best = (net, name, gain, margin, r)
 
@@ -576,6 +584,8 @@ def _choose(
     if best is not None:
         net, name, gain, margin, r = best
         diag.update(best=name, gain_tok_s=gain, margin_tok_s=margin, restart_s=r, net_tokens=net)
+        if name in carry:
+            diag["carry_tokens"] = carry[name]
         if gain - margin > 0:
             young = age < s.burst_wait_factor * r and not state.regimes.switch_beats_waiting(
                 age,

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from policies.chain import Z90
+from policies.explore_value import switch_margin
 from policies.forgetting import AGGREGATE, batch_bucket, carryover, decay
 from policies.hybrid import (
     DEFAULT_BUCKETS,
@@ -1018,6 +1019,18 @@ def _value(
     return Estimate(mean, acc[1] / tot, acc[2] / tot, n), Estimate(dec, dec, dec, n)
 
 
+def _regimes_observed_s(pts: list[tuple[float, float]], s: PolicySettings) -> float | None:
+    """The seconds of traffic the long-run points `pts` were observed over, when they are at
+    least `long_run_min_history_s` and hold two or more batch-size regimes (buckets of at
+    least MIN_REGIME_SHARE of them); None otherwise (one regime with noise)."""
+    observed = sum(w for _, w in pts)
+    if observed < s.long_run_min_history_s:
+        return None
+    if sum(1 for _, w in pts if w >= MIN_REGIME_SHARE * observed) < 2:
+        return None
+    return observed
+
+
 def active_horizon(state: PolicyState, now_s: float, s: PolicySettings) -> float | None:
     """The long-run horizon when the long-run rule applies (the traffic flips faster than a
     restart repays, over at least `long_run_min_history_s` of history spread over two or more
@@ -1025,11 +1038,7 @@ def active_horizon(state: PolicyState, now_s: float, s: PolicySettings) -> float
     it has held (Lindy), at least the history it was measured over, at most
     `long_run_horizon_s`."""
     lr = state.long_run
-    pts = _points(lr)
-    observed = sum(w for _, w in pts)
-    if observed < s.long_run_min_history_s:
-        return None
-    if sum(1 for _, w in pts if w >= MIN_REGIME_SHARE * observed) < 2:
+    if _regimes_observed_s(_points(lr), s) is None:
         return None
     flipping = _flipping(lr, now_s, s)
     if flipping is None:
@@ -1056,6 +1065,28 @@ def return_cost(state: PolicyState, target: str, s: PolicySettings) -> float:
     from policies import decide as D
 
     return cur[0].mean * D.restart_time(state, state.running, s)
+
+
+def carry_value(state: PolicyState, target: str, s: PolicySettings) -> float:
+    """Tokens a switch from the running profile to `target` is expected to keep gaining after
+    the current regime ends (0 when none is expected). Over the traffic of the long-run window
+    (at least `long_run_min_history_s` of it, spread over two or more batch-size regimes), a
+    target worth more than the running profile by more than the switch margin is one the
+    regimes to come keep: that long-run gain counts for as long again as the history it was
+    measured over (Lindy), at most `long_run_horizon_s`. The mirror of `return_cost`."""
+    pts = _points(state.long_run)
+    observed = _regimes_observed_s(pts, s)
+    if observed is None:
+        return 0.0
+    cur = _value(state, state.running, pts, s)
+    tgt = _value(state, target, pts, s)
+    if cur is None or tgt is None:
+        return 0.0
+    c, t = cur[0], tgt[0]
+    gain = t.mean - c.mean - switch_margin(c, t, s.margin_frac, s.margin_z)
+    if not gain > 0:
+        return 0.0
+    return gain * min(s.long_run_horizon_s, observed)
 
 
 def long_run(

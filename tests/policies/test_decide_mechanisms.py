@@ -463,6 +463,22 @@ def test_an_acceptance_change_that_comes_with_a_concurrency_change_is_found(
     assert dr.state.last_accept_change_s == pytest.approx(NEW_TRAFFIC_AT_S, abs=60.0)
 
 
+def test_a_gain_that_outlasts_its_regime_pays_over_the_traffic_seen(
+    new_traffic_same_label: Driver,
+) -> None:
+    """Baseline beats 5-step at both concurrencies, but no 25-minute regime repays the
+    restart on its own. Over the traffic of the long-run window the gain holds in every
+    regime: counted past the regime (`carry_tokens`), the switch pays, and the policy makes it
+    within the first regime of the new traffic and stays."""
+    dr = new_traffic_same_label
+    later = [d for d in dr.switches() if d.t_s > NEW_TRAFFIC_AT_S]
+    assert [d.profile for d in later] == ["baseline"]
+    d = later[0]
+    assert d.reason is Reason.SWITCH_PREDICTED_GAIN and d.t_s < NEW_TRAFFIC_AT_S + 1500.0
+    carry = d.diagnostics["carry_tokens"]
+    assert carry > 0 and d.diagnostics["net_tokens"] - carry < 0
+
+
 @pytest.mark.parametrize("drift", [False, True])
 def test_a_boot_that_matches_the_last_one_keeps_its_other_batch_sizes(drift: bool) -> None:
     """5-step served 2 streams, then 12; baseline ran; 5-step boots again at 12 streams. Its
