@@ -215,9 +215,9 @@ class CusumDetector:
         ref, ref_sigma, ref_n, ref_t = self.ref_mean, self.ref_sigma, self.ref_n, self.ref_t
         self.ref_mean, self.ref_sigma, self.ref_n, self.ref_t = None, 0.0, 0, None
         n = self.n
-        sigma = self.sigma()
-        sigma *= math.sqrt(1.0 + n * (ref_sigma / sigma) ** 2 / max(ref_n, 1))
-        if n * (abs(self.mean - ref) / sigma - self.k) <= self.h:
+        # The n windows' sum around the reference varies as n sigma^2 + n^2 ref_sigma^2 / ref_n.
+        sigma = math.hypot(self.sigma(), ref_sigma * math.sqrt(n / max(ref_n, 1)))
+        if not math.isfinite(sigma) or n * (abs(self.mean - ref) / sigma - self.k) <= self.h:
             return None
         self.prev_mean = ref
         return CusumEvent("change", t_s, ref, self.mean, n, ref_t)

@@ -97,6 +97,21 @@ def test_a_detector_relearnt_twice_keeps_its_first_reference() -> None:
     assert CusumDetector.from_dict(old).ref_mean is None
 
 
+def test_a_reference_with_an_enormous_noise_scale_is_compared_without_overflow() -> None:
+    """hybrid-flip-tuned: an accept-length stream of identical windows (1.0, a table's 0-step
+    tier) and then varying ones leaves a long-run factor near 1e300 and a scale near 9e299.
+    Re-learnt, its comparison must neither raise (the square of the scales' ratio overflowed)
+    nor report a change: a reference that noisy says nothing."""
+    det = CusumDetector(
+        n=30, mean=4.59, established=True, absdiff=0.11, n_diff=30, lr_factor=8.0e300, lr_n=30
+    )
+    assert det.sigma() > 1e299
+    det.relearn()
+    events = [det.update(1.0, 100.0 + i) for i in range(40)]
+    assert [e.kind for e in events if e is not None] == ["established"]
+    assert det.ref_mean is None
+
+
 @pytest.mark.parametrize("step_sigmas", [5.0, 8.0, -5.0, 20.0, -40.0])
 def test_step_change_detected_within_three_windows(step_sigmas: float) -> None:
     delays = []
