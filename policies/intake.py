@@ -140,11 +140,12 @@ def _on_event(
                 # window at 64 streams holds fifty times one at a single stream): after a
                 # concurrency change they re-learn it, or the old scale raises false alarms.
                 # So is the mix streams' (a point holds the requests one window finishes, at
-                # least mix_point_min_requests: dozens at 64 streams, a few at one). A
-                # workload's own accept length keeps its level to compare the new one with:
-                # new traffic under the same label (a batch job starting) often brings both.
+                # least mix_point_min_requests: dozens at 64 streams, a few at one). A fixed
+                # chain's accept length per workload keeps its level to compare the new one
+                # with: new traffic under the same label (a batch job starting) often brings
+                # both. An adaptive profile's moves with the batch (its table's tier) by design.
                 for k, det in list(state.monitor.detectors.items()):
-                    if k.startswith(per_workload):
+                    if k.startswith(per_workload) and not spec.adaptive:
                         det.relearn()
                     elif k.startswith("accept:") or k.startswith("mix:"):
                         del state.monitor.detectors[k]

@@ -8,6 +8,7 @@ import pytest
 from policies.changepoint import (
     ChangeMonitor,
     CusumDetector,
+    CusumEvent,
     RegimeDurations,
     acceptance_finding,
     drift_finding,
@@ -98,8 +99,9 @@ def test_a_detector_relearnt_twice_keeps_its_first_reference() -> None:
 
 
 def test_a_reference_with_an_enormous_noise_scale_is_compared_without_overflow() -> None:
-    """hybrid-flip-tuned: an accept-length stream of identical windows (1.0, a table's 0-step
-    tier) and then varying ones leaves a long-run factor near 1e300 and a scale near 9e299.
+    """An accept-length stream of identical windows and then varying ones (hybrid-flip-tuned:
+    a table's 0-step tier serving 1.0) leaves a long-run factor near 1e300 and a scale near
+    9e299.
     Re-learnt, its comparison must neither raise (the square of the scales' ratio overflowed)
     nor report a change: a reference that noisy says nothing."""
     det = CusumDetector(
@@ -110,6 +112,40 @@ def test_a_reference_with_an_enormous_noise_scale_is_compared_without_overflow()
     events = [det.update(1.0, 100.0 + i) for i in range(40)]
     assert [e.kind for e in events if e is not None] == ["established"]
     assert det.ref_mean is None
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_concurrency_change_relearns_a_fixed_chains_acceptance_and_restarts_an_adaptive_ones(
+    adaptive: bool,
+) -> None:
+    """At a concurrency change, a fixed chain's per-workload accept-length detector keeps its
+    level as a reference (the comparison that finds new traffic under the same label); an
+    adaptive profile's is started afresh, as before: its accept length moves with the batch
+    by design (its table picks another tier), which is no change of acceptance."""
+    from policies.intake import _on_event
+    from policies.types import ProfileSpec
+
+    hyb = ProfileSpec(
+        "hybrid",
+        num_steps=2,
+        draft_tokens=3,
+        algorithm="EAGLE3",
+        adaptive=True,
+        candidate_steps=(0, 2, 5),
+    )
+    spec = hyb if adaptive else E2
+    s = PolicySettings()
+    state = initial_state((*PROFILES, hyb), spec.name, 0.0, s)
+    key = f"accept:{spec.name}:chat"
+    for i in range(30):
+        state.monitor.update(key, 2.4 + 0.01 * (i % 3), 10.0 * i)
+    obs = Synth(seed=1).window(spec, 300.0, 8, {"chat": 0.7}, {"chat": 1.0})
+    _on_event(state, "batch", CusumEvent("change", 300.0, 2.0, 8.0, 3), obs, s)
+    det = state.monitor.detectors.get(key)
+    if adaptive:
+        assert det is None
+    else:
+        assert det is not None and det.ref_mean == pytest.approx(2.41, abs=0.01)
 
 
 @pytest.mark.parametrize("step_sigmas", [5.0, 8.0, -5.0, 20.0, -40.0])
