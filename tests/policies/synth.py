@@ -18,6 +18,15 @@ BASE = ProfileSpec("baseline")
 E2 = ProfileSpec("eagle2", num_steps=2, draft_tokens=3, algorithm="EAGLE3")
 E5 = ProfileSpec("eagle5", num_steps=5, draft_tokens=6, algorithm="EAGLE3")
 PROFILES = (BASE, E2, E5)
+# An adaptive profile of the same drafter (SGLang's adaptive mode over steps 0, 2 and 5).
+HYB = ProfileSpec(
+    "hybrid",
+    num_steps=2,
+    draft_tokens=3,
+    algorithm="EAGLE3",
+    adaptive=True,
+    candidate_steps=(0, 2, 5),
+)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from policies.changepoint import (
 from policies.decide import decide, initial_state
 from policies.settings import PolicySettings
 from policies.types import Overrides
-from tests.policies.synth import E2, PROFILES, Synth
+from tests.policies.synth import E2, HYB, PROFILES, Synth
 
 LONG = os.environ.get("SPECPILOT_LONG") == "1"
 
@@ -123,19 +123,10 @@ def test_a_concurrency_change_relearns_a_fixed_chains_acceptance_and_restarts_an
     adaptive profile's is started afresh, as before: its accept length moves with the batch
     by design (its table picks another tier), which is no change of acceptance."""
     from policies.intake import _on_event
-    from policies.types import ProfileSpec
 
-    hyb = ProfileSpec(
-        "hybrid",
-        num_steps=2,
-        draft_tokens=3,
-        algorithm="EAGLE3",
-        adaptive=True,
-        candidate_steps=(0, 2, 5),
-    )
-    spec = hyb if adaptive else E2
+    spec = HYB if adaptive else E2
     s = PolicySettings()
-    state = initial_state((*PROFILES, hyb), spec.name, 0.0, s)
+    state = initial_state((*PROFILES, HYB), spec.name, 0.0, s)
     key = f"accept:{spec.name}:chat"
     for i in range(30):
         state.monitor.update(key, 2.4 + 0.01 * (i % 3), 10.0 * i)

@@ -25,7 +25,7 @@ from policies.overhead import wall_estimate
 from policies.settings import settings_from_dict, settings_to_dict
 from policies.types import Action, Decision, Observation, Overrides, ProfileSpec, Reason
 from tests.policies.driver import SPECS, Driver
-from tests.policies.synth import PROFILES, Cost, Synth
+from tests.policies.synth import HYB, PROFILES, Cost, Synth
 
 S = PolicySettings()
 # A compute-heavier target than the synth's default: per-token cost makes a deep chain win at
@@ -36,14 +36,6 @@ CHAT = {"chat": 1.0}
 RESTART_S = 300.0  # longer than the flips' regimes pay for
 LOW, HIGH = 2, 64
 LOW_WINDOWS, HIGH_WINDOWS = 36, 54  # 6 and 9 minutes of 10 s windows
-HYB = ProfileSpec(
-    "hybrid",
-    num_steps=2,
-    draft_tokens=3,
-    algorithm="EAGLE3",
-    adaptive=True,
-    candidate_steps=(0, 2, 5),
-)
 
 
 def _flip(dr: Driver, hours: float) -> None:
