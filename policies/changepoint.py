@@ -199,11 +199,7 @@ class CusumDetector:
             self.ref_n = min(self.n, LEVEL_MEMORY_WINDOWS)
             self.ref_t = self.last_t
         self.absdiff, self.n_diff, self.last_x = 0.0, 0, None
-        self.mean, self.n, self.var = 0.0, 0, 0.0
-        self.s_hi = self.s_lo = 0.0
-        self.hi_sum = self.lo_sum = 0.0
-        self.hi_n = self.lo_n = 0
-        self.established = False
+        self._start_regime(0.0, 0)
 
     def _moved_from_reference(self, t_s: float) -> CusumEvent | None:
         """The comparison `relearn` set up, once the new scale rests on LR_MIN_WINDOWS

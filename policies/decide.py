@@ -23,7 +23,7 @@ left, a restart the exploration's own cost already counted. Where that traffic, 
 more batch-size regimes, values the candidate above the running profile by more than the
 margin, the regimes to come keep the gain: a switch the current regime alone does not repay
 also counts that long-run gain for as long again as the window's history
-(hybrid_decide.carry_value, at most long_run_horizon_s). Profiles never run, or whose data
+(hybrid_decide.carry_values, at most long_run_horizon_s). Profiles never run, or whose data
 predates the last detected change in acceptance or cycle time, and chains whose acceptance for
 the mix served now is unknown (a workload in it that no chain of the drafter has served), are
 explored when the expected value
@@ -556,8 +556,7 @@ def _choose(
         p for p, t in state.failed.items() if now_s - t < s.failed_profile_backoff_s
     }
 
-    best: tuple[float, str, float, float, float] | None = None  # net, name, gain, margin, R
-    carry: dict[str, float] = {}
+    options: list[tuple[float, str, float, float, float]] = []  # net, name, gain, margin, R
     for name, pr in preds.items():
         if name == state.running or pr.tok_s is None or name in blocked_profiles:
             continue
@@ -570,11 +569,13 @@ def _choose(
         # interval is for exploration to weigh.
         gain = (pr.tok_s.low if pr.moved else pr.tok_s.mean) - cur
         net = (gain - margin) * max(horizon - r, 0.0) - cur * r
-        if gain - margin > 0 and net <= 0:
-            carry[name] = hybrid_decide.carry_value(state, name, s)
-            net += carry[name]
-        if best is None or net > best[0]:
-            best = (net, name, gain, margin, r)
+        options.append((net, name, gain, margin, r))
+    # A gain the regime alone does not repay may be kept by the regimes to come.
+    carry = hybrid_decide.carry_values(
+        state, [o[1] for o in options if o[2] - o[3] > 0 and o[0] <= 0], s
+    )
+    options = [(o[0] + carry.get(o[1], 0.0), *o[1:]) for o in options]
+    best = max(options, key=lambda o: o[0]) if options else None
 
     # A predicted gain that does not repay its restart (or waits out a possible burst) holds
     # with this reason unless an exploration pays: a small sure gain must not keep a larger

@@ -1067,26 +1067,32 @@ def return_cost(state: PolicyState, target: str, s: PolicySettings) -> float:
     return cur[0].mean * D.restart_time(state, state.running, s)
 
 
-def carry_value(state: PolicyState, target: str, s: PolicySettings) -> float:
-    """Tokens a switch from the running profile to `target` is expected to keep gaining after
-    the current regime ends (0 when none is expected). Over the traffic of the long-run window
-    (at least `long_run_min_history_s` of it, spread over two or more batch-size regimes), a
-    target worth more than the running profile by more than the switch margin is one the
-    regimes to come keep: that long-run gain counts for as long again as the history it was
-    measured over (Lindy), at most `long_run_horizon_s`. The mirror of `return_cost`."""
+def carry_values(state: PolicyState, targets: list[str], s: PolicySettings) -> dict[str, float]:
+    """Tokens a switch from the running profile to each of `targets` is expected to keep
+    gaining after the current regime ends (0 when none is expected). Over the traffic of the
+    long-run window (at least `long_run_min_history_s` of it, spread over two or more
+    batch-size regimes), a target worth more than the running profile by more than the switch
+    margin is one the regimes to come keep: that long-run gain counts for as long again as the
+    history it was measured over (Lindy), at most `long_run_horizon_s`. The mirror of
+    `return_cost`."""
+    out = dict.fromkeys(targets, 0.0)
+    if not targets:
+        return out
     pts = _points(state.long_run)
     observed = _regimes_observed_s(pts, s)
-    if observed is None:
-        return 0.0
-    cur = _value(state, state.running, pts, s)
-    tgt = _value(state, target, pts, s)
-    if cur is None or tgt is None:
-        return 0.0
-    c, t = cur[0], tgt[0]
-    gain = t.mean - c.mean - switch_margin(c, t, s.margin_frac, s.margin_z)
-    if not gain > 0:
-        return 0.0
-    return gain * min(s.long_run_horizon_s, observed)
+    cur = _value(state, state.running, pts, s) if observed is not None else None
+    if observed is None or cur is None:
+        return out
+    c = cur[0]
+    for target in targets:
+        tgt = _value(state, target, pts, s)
+        if tgt is None:
+            continue
+        t = tgt[0]
+        gain = t.mean - c.mean - switch_margin(c, t, s.margin_frac, s.margin_z)
+        if gain > 0:
+            out[target] = gain * min(s.long_run_horizon_s, observed)
+    return out
 
 
 def long_run(
