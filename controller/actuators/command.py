@@ -114,9 +114,8 @@ class CommandActuator:
         return None
 
     async def probe(self) -> ServerState:
-        info = await self.endpoint.server_info()
+        info, up = await self.endpoint.server_info_or_port()
         if info is None:
-            up = await self.endpoint.port_open()
             return ServerState(up, None, None, None, "/server_info does not answer")
         names = matching_profiles(info, self.specs)
         hint = await self.status_profile() if len(names) != 1 else None

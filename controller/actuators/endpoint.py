@@ -114,6 +114,17 @@ class Endpoint:
             await writer.wait_closed()
         return True
 
+    async def server_info_or_port(self) -> tuple[Mapping[str, Any] | None, bool]:
+        """/server_info, and whether the port is open. A server binding its port between the two
+        asks (one finishing its start-up) is asked again once the port is found open, so
+        (None, True) is a server that does not answer, never one that came up just then."""
+        info = await self.server_info()
+        if info is not None:
+            return info, True
+        if not await self.port_open():
+            return None, False
+        return await self.server_info(), True
+
     async def server_info(self) -> Mapping[str, Any] | None:
         """The resolved server args (flat keys), or None when the server does not answer with
         JSON. Tries /server_info, then the deprecated /get_server_info of older servers."""

@@ -110,10 +110,10 @@ class ProcessActuator:
         return None
 
     async def probe(self) -> ServerState:
-        info = await self.endpoint.server_info()
+        info, port_open = await self.endpoint.server_info_or_port()
         pid = self._server_pid(answered=info is not None)
         if info is None:
-            if await self.endpoint.port_open():
+            if port_open:
                 return ServerState(
                     up=True,
                     profile=None,

@@ -120,10 +120,9 @@ class SystemdActuator:
     async def probe(self) -> ServerState:
         state = await self.unit_state()
         pid = int(state.get("MainPID", "0") or 0) or None
-        info = await self.endpoint.server_info()
+        info, up = await self.endpoint.server_info_or_port()
         unit_line = f"{self.unit} {state.get('ActiveState', '?')}/{state.get('SubState', '?')}"
         if info is None:
-            up = await self.endpoint.port_open()
             return ServerState(up, None, pid, None, f"{unit_line}; /server_info does not answer")
         profile = self._identify(info)
         detail = f"{unit_line}; up" + ("" if profile else f" ({describe_shape(info)})")

@@ -258,3 +258,65 @@ async def test_a_server_trickling_its_answer_is_bounded(monkeypatch: pytest.Monk
             assert loop.time() - t0 < 5.0
     finally:
         server.close()
+
+
+async def test_a_server_binding_its_port_between_the_asks_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """/server_info refused (the port is not bound yet), then the server binds it before the
+    port is tried: the probe's asks must not read that as a server up that does not answer (a
+    starting controller refused to adopt the server an earlier one was loading)."""
+    info = {"speculative_algorithm": None}
+    bound = False
+    asks: list[bool] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        asks.append(bound)
+        if not bound:
+            raise httpx.ConnectError("refused", request=req)
+        return httpx.Response(200, json=info)
+
+    ep = endpoint(handler)
+
+    async def port_open() -> bool:
+        nonlocal bound
+        bound = True  # the server binds its port just after /server_info was refused
+        return True
+
+    monkeypatch.setattr(ep, "port_open", port_open)
+    assert await ep.server_info_or_port() == (info, True)
+    assert asks == [False, True]
+
+
+@pytest.mark.parametrize("port_open", [True, False])
+async def test_server_info_or_port_without_an_answer(
+    monkeypatch: pytest.MonkeyPatch, port_open: bool
+) -> None:
+    """No answer: (None, True) for an open port that does not answer /server_info (asked twice),
+    (None, False) for a closed one (asked once)."""
+    asks: list[str] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        asks.append(req.url.path)
+        raise httpx.ConnectError("refused", request=req)
+
+    ep = endpoint(handler)
+
+    async def port() -> bool:
+        return port_open
+
+    monkeypatch.setattr(ep, "port_open", port)
+    assert await ep.server_info_or_port() == (None, port_open)
+    assert asks == ["/server_info"] * (2 if port_open else 1)
+
+
+async def test_server_info_or_port_answers_without_trying_the_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ep = endpoint(lambda r: httpx.Response(200, json={"tp_size": 8}))
+
+    async def port() -> bool:
+        raise AssertionError("the port is tried only when /server_info does not answer")
+
+    monkeypatch.setattr(ep, "port_open", port)
+    assert await ep.server_info_or_port() == ({"tp_size": 8}, True)

@@ -184,14 +184,29 @@ def _healthz(raw: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _wait(pred: Any, timeout_s: float, what: str) -> Any:
+def _wait(
+    pred: Any,
+    timeout_s: float,
+    what: str,
+    daemon: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+) -> Any:
+    """`pred()`'s first true value within `timeout_s`; a `daemon` that exits meanwhile fails at
+    once. A failure shows the end of the daemon's `log`."""
+
+    def fail(why: str) -> AssertionError:
+        tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+        return AssertionError(f"{why}; the daemon's log:\n{tail}" if log else why)
+
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         v = pred()
         if v:
             return v
+        if daemon is not None and daemon.poll() is not None:
+            raise fail(f"the daemon exited ({daemon.returncode}) while waiting for {what}")
         time.sleep(0.03)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise fail(f"timed out waiting for {what}")
 
 
 def test_sigkill_mid_switch_then_restart_adopts_and_loses_no_record(tmp_path: Path) -> None:
@@ -205,11 +220,12 @@ def test_sigkill_mid_switch_then_restart_adopts_and_loses_no_record(tmp_path: Pa
     s = settings(raw)
     cfg = write_config(tmp_path / "config.toml", raw)
     pid_file = Path(s.server.pid_file)
-    first = start_daemon(cfg, log_path=tmp_path / "first.log")
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    first = start_daemon(cfg, log_path=first_log)
     second = None
     extra: set[int] = set()
     try:
-        _wait(lambda: (_healthz(raw) or {}).get("ready"), 40, "the first daemon ready")
+        _wait(lambda: (_healthz(raw) or {}).get("ready"), 40, "the daemon ready", first, first_log)
         old_pid = int(pid_file.read_text())
         r = httpx.post(
             _api(raw) + "/v1/switch",
@@ -225,7 +241,7 @@ def test_sigkill_mid_switch_then_restart_adopts_and_loses_no_record(tmp_path: Pa
                 return pid if pid != old_pid else None
             return None
 
-        new_pid = _wait(new_server, 20, "the new server's launch")
+        new_pid = _wait(new_server, 20, "the new server's launch", first, first_log)
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         extra.add(new_pid)
@@ -241,8 +257,14 @@ def test_sigkill_mid_switch_then_restart_adopts_and_loses_no_record(tmp_path: Pa
         )
         assert before_decisions[open_["decision_id"]]["acted"] is True
 
-        second = start_daemon(cfg, log_path=tmp_path / "second.log")
-        health = _wait(lambda: (h := _healthz(raw)) and h.get("ready") and h, 40, "adoption")
+        second = start_daemon(cfg, log_path=second_log)
+        health = _wait(
+            lambda: (h := _healthz(raw)) and h.get("ready") and h,
+            40,
+            "adoption",
+            second,
+            second_log,
+        )
         assert health["profile"] == "eagle3-2step"
         # No second server: the one the killed controller launched is the one serving.
         assert server_pids(s) == {new_pid} and port_pids(s.server.port) == {new_pid}
