@@ -13,7 +13,9 @@ is detected in ~2.5 windows on average. Residuals are clipped to +-z_clip so one
 cannot alarm on its own. Sigma comes from the larger of (a) mean absolute successive differences
 (robust to level shifts) and (b) the regime's own spread (captures slow wander that (a) misses),
 floored at a relative resolution, and inflated by sqrt(1 + 1/n) for the uncertainty of a young
-regime's mean.
+regime's mean. A stream whose points have all repeated the one before (a closed-loop load's
+concurrency, a single workload's share) has no noise scale yet: its moves are levels, found
+against the resolution floor, and the scale is learnt from the differences after its first move.
 
 Must not: decide, read clocks, or know profiles beyond the stream names it is given.
 """
@@ -117,6 +119,7 @@ class CusumDetector:
     var: float = 0.0  # running variance of the regime around its mean
     absdiff: float = 0.0
     n_diff: int = 0
+    skip_diffs: int = 0  # differences still to pass over after a move out of a constant run
     last_x: float | None = None
     s_hi: float = 0.0
     s_lo: float = 0.0
@@ -166,11 +169,24 @@ class CusumDetector:
     def _diff(self, x: float) -> None:
         if self.last_x is not None:
             d = abs(x - self.last_x)
-            if self.n_diff >= 10:
-                # A level shift is one huge difference: cap it so it barely moves the scale.
-                d = min(d, 6.0 * self.absdiff + 1e-300)
-            self.n_diff += 1
-            self.absdiff += (d - self.absdiff) / min(self.n_diff, SIGMA_MEMORY_WINDOWS)
+            if self.skip_diffs > 0:
+                self.skip_diffs -= 1
+            elif self.absdiff == 0.0 and d > 0.0 and self.n_diff > 0:
+                # Every point so far repeated the one before (one stream exactly, a workload's
+                # whole share of the mix): the stream has taught no noise scale, and a move is
+                # a level, not noise. A window straddling the move holds part of each level, so
+                # the point after it is the level's too: the scale is learnt afresh from the
+                # difference after that. (Capped at a multiple of the zero scale, the move left
+                # the scale near zero for good, its long-run factor near 1e300, and the
+                # detector blind after its first change.)
+                self.n_diff = 0
+                self.skip_diffs = 1
+            else:
+                if self.n_diff >= 10:
+                    # A level shift is one huge difference: cap it so it barely moves the scale.
+                    d = min(d, 6.0 * self.absdiff)
+                self.n_diff += 1
+                self.absdiff += (d - self.absdiff) / min(self.n_diff, SIGMA_MEMORY_WINDOWS)
         self.last_x = x
 
     def _start_regime(self, level: float, n: int) -> None:
@@ -198,7 +214,7 @@ class CusumDetector:
             self.ref_sigma = self.sigma()
             self.ref_n = min(self.n, LEVEL_MEMORY_WINDOWS)
             self.ref_t = self.last_t
-        self.absdiff, self.n_diff, self.last_x = 0.0, 0, None
+        self.absdiff, self.n_diff, self.skip_diffs, self.last_x = 0.0, 0, 0, None
         self._start_regime(0.0, 0)
 
     def _moved_from_reference(self, t_s: float) -> CusumEvent | None:
@@ -224,9 +240,11 @@ class CusumDetector:
             return None
         prev_t, self.last_t = self.last_t, float(t_s)
         self._diff(x)
-        # The first regime a detector sees also has to learn the noise's autocorrelation
-        # before it may alarm; later regimes inherit it.
-        warmup = self.warmup if self.lr_n > 0 else max(self.warmup, LR_MIN_WINDOWS)
+        # The first regime in which a detector's points vary also has to learn the noise's
+        # autocorrelation before it may alarm; later regimes inherit it. Points that have not
+        # varied yet (a stream constant in every regime so far) have none to learn.
+        learnt = self.lr_n > 0 or self.absdiff == 0.0
+        warmup = self.warmup if learnt else max(self.warmup, LR_MIN_WINDOWS)
         if self.n < warmup:
             self._absorb(x)
             if self.n >= self.warmup and not self.established:

@@ -1,3 +1,4 @@
+import itertools
 import json
 import math
 import os
@@ -315,3 +316,59 @@ def test_identical_windows_after_noisy_ones_do_not_overflow() -> None:
     for i in range(30, 80):
         det.update(100.0, 10.0 * i)
     assert math.isfinite(det.sigma())
+
+
+@pytest.mark.parametrize("constant_windows", [30, 100])
+def test_a_stream_that_was_constant_learns_its_noise_when_it_starts_to_vary(
+    constant_windows: int,
+) -> None:
+    """Identical windows first (one stream exactly: the concurrency of a single client, a
+    workload's whole share of the mix), then traffic that varies around 5; 200 windows later
+    its level steps to 4 (3.3 sigma). The jump out of the constant run is a change, the noise
+    scale is learnt from the varying windows, and the step is the next change, found within a
+    few windows. The first move out of the constant run used to be capped at a multiple of the
+    zero scale: the scale stayed near zero, its long-run factor grew to 1e300, and the
+    detector never alarmed again."""
+    delays = []
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        det = CusumDetector()
+        for i in range(constant_windows):
+            det.update(1.0, float(i))
+        xs = stream(rng, 210, 5.0, 0.3)
+        xs[200:] -= 1.0
+        changes = []
+        for i, x in enumerate(xs):
+            ev = det.update(float(x), float(constant_windows + i))
+            if ev is not None and ev.kind == "change":
+                changes.append(i)
+            if i == 199:
+                assert det.lr_factor < 3.0 and det.sigma() == pytest.approx(0.3, rel=0.3)
+        assert len(changes) == 2 and changes[0] <= 2 and changes[1] >= 200, (seed, changes)
+        delays.append(changes[1] - 200 + 1)
+    assert max(delays) <= 6, delays
+
+
+def test_a_piecewise_constant_stream_finds_every_move() -> None:
+    """A stream that is exactly constant between its moves (the concurrency of a closed-loop
+    load: 1, 8, 2, 64 and 1 streams), each move straddled by one window that holds part of
+    both levels, and regimes of 8 windows (shorter than the 20 in which a stream's first
+    varying regime learns the autocorrelation of its noise: this one has none to learn). Every
+    move is a change, found within two windows of the straddling one."""
+    levels = [1.0, 8.0, 2.0, 64.0, 1.0]
+    det = CusumDetector()
+    xs: list[float] = [levels[0]] * 30
+    moves = []
+    for a, b in itertools.pairwise(levels):
+        moves.append(len(xs))
+        xs.append(a + 0.3 * (b - a))  # the window that straddles the move
+        xs += [b] * 8
+    changes = []
+    for i, x in enumerate(xs):
+        ev = det.update(x, 30.0 * i)
+        if ev is not None and ev.kind == "change":
+            changes.append(i)
+    assert len(changes) == len(moves), (changes, moves)
+    for i, m in zip(changes, moves, strict=True):
+        assert m <= i <= m + 2, (changes, moves)
+    assert det.absdiff == 0.0 and det.mean == 1.0
