@@ -501,3 +501,32 @@ async def test_switch_waits_a_bounded_time_for_the_port_after_the_stop(
     assert r.outcome is SwitchOutcome.UNKNOWN
     assert "still in use 50 s after the stop" in (r.error or "")
     assert pid is not None and not alive(pid) and act2._proc is None
+
+
+async def test_a_server_binding_its_port_between_the_probes_asks_is_identified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server an earlier controller launched binds its port after the probe's /server_info
+    was refused and before its port check: the probe asks again and finds it up and running
+    its profile. It had read 'up, /server_info does not answer', and a starting controller
+    refused to start at all ('refusing to start a second one'): CI's flaky SIGKILL test."""
+    s = settings(tmp_path)
+    bound = False
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if not bound:
+            raise httpx.ConnectError("refused", request=req)
+        return httpx.Response(200, json={"speculative_algorithm": None})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as mock:
+        act = make_actuator(s, ScaledClock(s.controller.time_scale), mock)
+        assert isinstance(act, ProcessActuator)
+
+        async def port_open() -> bool:
+            nonlocal bound
+            bound = True
+            return True
+
+        monkeypatch.setattr(act.endpoint, "port_open", port_open)
+        state = await act.probe()
+    assert state.up and state.profile == "baseline", state
