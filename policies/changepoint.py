@@ -36,6 +36,11 @@ _ABSDIFF_TO_SIGMA = math.sqrt(math.pi) / 2.0
 SIGMA_MEMORY_WINDOWS = 200
 LEVEL_MEMORY_WINDOWS = 100
 
+# A difference scale below this is no stream's noise (accept lengths, step-time ratios,
+# concurrencies and shares are all of order 1e-3 and up): only the capped move out of a
+# constant run, in states saved before `_diff` handled one, left a scale down there.
+_DEGENERATE_ABSDIFF = 1e-100
+
 # Regime means kept per stream for history comparisons (bounded state).
 HISTORY_LEN = 20
 
@@ -290,7 +295,14 @@ class CusumDetector:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CusumDetector:
-        return cls(**dict(d))
+        det = cls(**dict(d))
+        if "skip_diffs" not in d and 0.0 < det.absdiff < _DEGENERATE_ABSDIFF:
+            # Saved before constant streams were handled (`_diff`): a scale learnt from a move
+            # out of a constant run capped at a multiple of zero, near 1e-300, with its
+            # long-run factor near 1e300. Restored as it is, the detector (a warm start's
+            # `batch` stream, never reset) would stay blind: its scale starts afresh.
+            det.absdiff, det.n_diff, det.lr_factor, det.lr_n = 0.0, 0, 1.0, 0
+        return det
 
 
 @dataclass

@@ -372,3 +372,27 @@ def test_a_piecewise_constant_stream_finds_every_move() -> None:
     for i, m in zip(changes, moves, strict=True):
         assert m <= i <= m + 2, (changes, moves)
     assert det.absdiff == 0.0 and det.mean == 1.0
+
+
+def test_a_blind_detector_saved_before_constant_streams_were_handled_starts_its_scale_afresh() -> (
+    None
+):
+    """A warm start's state from before the fix: the `batch` detector, never reset, saved with
+    the scale a capped move out of a constant run left (1e-301, its long-run factor 1e301).
+    Loaded, its scale starts afresh and the next move of the concurrency is a change; a state
+    saved with a real scale, and one saved after the fix, load as they were."""
+    det = CusumDetector()
+    for i in range(30):
+        det.update(2.0, 30.0 * i)
+    saved = det.to_dict()
+    del saved["skip_diffs"]
+    saved.update(absdiff=5e-302, n_diff=40, lr_factor=3e301, lr_n=50)
+    restored = CusumDetector.from_dict(json.loads(json.dumps(saved)))
+    assert (restored.absdiff, restored.n_diff, restored.lr_factor, restored.lr_n) == (0, 0, 1, 0)
+    events = [restored.update(x, 900.0 + 30.0 * i) for i, x in enumerate([2.0, 20.0, 32.0, 32.0])]
+    assert any(ev is not None and ev.kind == "change" for ev in events)
+
+    real = dict(saved, absdiff=0.05, lr_factor=1.3)
+    assert CusumDetector.from_dict(real).to_dict() == {**real, "skip_diffs": 0}
+    after_fix = dict(saved, skip_diffs=0)
+    assert CusumDetector.from_dict(after_fix).to_dict() == after_fix
