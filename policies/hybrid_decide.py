@@ -1079,9 +1079,10 @@ def carry_values(state: PolicyState, targets: list[str], s: PolicySettings) -> d
     if not targets:
         return out
     pts = _points(state.long_run)
-    observed = _regimes_observed_s(pts, s)
-    cur = _value(state, state.running, pts, s) if observed is not None else None
-    if observed is None or cur is None:
+    if (observed := _regimes_observed_s(pts, s)) is None:
+        return out
+    cur = _value(state, state.running, pts, s)
+    if cur is None:
         return out
     c = cur[0]
     for target in targets:
