@@ -72,7 +72,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from policies import hybrid_decide
 from policies.accept_length import cross_predictable
@@ -534,6 +534,16 @@ def _trial_beats_left(tr: Mapping[str, Any], diag: dict[str, Any], s: PolicySett
     return True
 
 
+class _Option(NamedTuple):
+    """A switch `_choose` weighs: tokens it nets over the horizon, and the numbers behind it."""
+
+    net: float
+    name: str
+    gain: float
+    margin: float
+    restart_s: float
+
+
 def _choose(
     state: PolicyState, now_s: float, s: PolicySettings, diag: dict[str, Any]
 ) -> tuple[PolicyState, Decision]:
@@ -556,7 +566,7 @@ def _choose(
         p for p, t in state.failed.items() if now_s - t < s.failed_profile_backoff_s
     }
 
-    options: list[tuple[float, str, float, float, float]] = []  # net, name, gain, margin, R
+    options: list[_Option] = []
     for name, pr in preds.items():
         if name == state.running or pr.tok_s is None or name in blocked_profiles:
             continue
@@ -569,13 +579,13 @@ def _choose(
         # interval is for exploration to weigh.
         gain = (pr.tok_s.low if pr.moved else pr.tok_s.mean) - cur
         net = (gain - margin) * max(horizon - r, 0.0) - cur * r
-        options.append((net, name, gain, margin, r))
+        options.append(_Option(net, name, gain, margin, r))
     # A gain the regime alone does not repay may be kept by the regimes to come.
     carry = hybrid_decide.carry_values(
-        state, [o[1] for o in options if o[2] - o[3] > 0 and o[0] <= 0], s
+        state, [o.name for o in options if o.gain - o.margin > 0 and o.net <= 0], s
     )
-    options = [(o[0] + carry.get(o[1], 0.0), *o[1:]) for o in options]
-    best = max(options, key=lambda o: o[0]) if options else None
+    options = [o._replace(net=o.net + carry.get(o.name, 0.0)) for o in options]
+    best = max(options, key=lambda o: o.net) if options else None
 
     # A predicted gain that does not repay its restart (or waits out a possible burst) holds
     # with this reason unless an exploration pays: a small sure gain must not keep a larger
