@@ -1141,7 +1141,7 @@ class CycleTimeSurface:
             return None
         return estimate_within(mean, rel * mean, mean * 1e-3, math.inf, 0.0)
 
-    def baseline_bound(self, batch: float) -> Estimate | None:
+    def baseline_bound(self, batch: float, verify_rise: float = 1.0) -> Estimate | None:
         """A baseline never run, bounded by a speculative profile that was: its decode forward
         carries one token per sequence where the verify carries n and no draft runs, so it
         costs at most the speculative cycle, and at least 1/n of the verify forward (the cost
@@ -1150,7 +1150,10 @@ class CycleTimeSurface:
         and the mean its geometric middle, the middle in tokens per second too (the arithmetic
         one put the decode 1.07x (a 1-step donor) to 1.46x (5-step) above it, and a baseline
         never run looked slower than its own band says). The donor with the fewest draft
-        tokens gives the tightest band. None without such a profile."""
+        tokens gives the tightest band. None without such a profile. `verify_rise`: how far
+        detected changes of system state have moved the verify since it was first seen; a rise
+        may have been the verify's alone (FIELD.md's reboot: verify 1.5x, decode 1.08x), so the
+        lower end is that of the verify before it."""
         donors = sorted(
             (sp for sp in self.specs.values() if sp.speculative and not sp.adaptive),
             key=lambda sp: sp.draft_tokens,
@@ -1161,7 +1164,7 @@ class CycleTimeSurface:
                 continue
             lo_p, hi_p = own.interval()
             n = sp.forward_tokens
-            lo = max(lo_p, own.mean * 1e-3) * (1.0 - DRAFT_SHARE_MAX) / n
+            lo = max(lo_p, own.mean * 1e-3) * (1.0 - DRAFT_SHARE_MAX) / n / max(verify_rise, 1.0)
             return Estimate(math.sqrt(lo * hi_p), lo, hi_p, 0.0)
         return None
 

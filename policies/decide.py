@@ -227,6 +227,7 @@ def _decode_predictions(state: PolicyState, stale_widen: float) -> list[ProfileP
             p.name,
             stale_widen,
             cycle_moves=[(t, r) for t, r, v in state.cycle_moves if bool(v) == p.speculative],
+            verify_moves=[r for _, r, v in state.cycle_moves if v],
         )
         for p in state.profiles
     ]

@@ -373,6 +373,42 @@ def test_a_move_of_system_state_leaves_profiles_not_running_to_exploration() -> 
     assert PolicyState.from_dict(state.to_dict()).cycle_moves == state.cycle_moves
 
 
+def test_a_rise_of_the_verify_alone_keeps_a_never_run_baseline_inside_its_bound() -> None:
+    """2-step runs (pinned) at 64 streams and the baseline never does: it is only bounded,
+    below by a third of 2-step's verify. Then the verify forward alone grows (a change of
+    system state: FIELD.md's reboot moved the verify 1.5x and the decode 1.08x), here
+    ~3.6x, past where a third of it is still below the decode. The rise is detected, and the
+    bound reaches down to the verify before it, so the baseline's true step time stays inside
+    it; without the move it would lie below (a random day: baseline priced at 454 tok/s in
+    [240, 793] while it served 820). A fall of the verify, or a move of a decode forward,
+    leaves the bound as the verify now sets it."""
+    hi, mix = {"chat": 0.85}, {"chat": 1.0}
+    pin = Overrides(pin_profile="eagle2")
+    dr = Driver("eagle2", seed=7)
+    dr.run(60, 64, hi, mix, pin)
+    dr.syn.cost = dataclasses.replace(dr.syn.cost, verify_fixed_s=0.1)
+    dr.run(120, 64, hi, mix, pin)
+    assert "baseline" not in dr.state.tried
+    rises = [m for m in dr.state.cycle_moves if m[2] and m[1] > 1.0]
+    assert rises and math.prod(m[1] for m in rises) > 2.0
+    truth = float(dr.syn.cost.step_s(64, 1))
+
+    def bound(moves: list[list[float]]) -> ProfilePrediction:
+        state = dr.state.copy()
+        state.cycle_moves = moves
+        return {p.profile: p for p in predictions(state)}["baseline"]
+
+    now = bound(dr.state.cycle_moves)
+    assert now.source == "bound" and now.cycle_s is not None
+    assert now.cycle_s.low <= truth <= now.cycle_s.high
+    alone = bound([])
+    assert alone.cycle_s is not None and alone.cycle_s.low > truth
+    assert alone.cycle_s.high == pytest.approx(now.cycle_s.high)
+    for unmoved in ([[dr.t, 0.5, 1.0]], [[dr.t, 3.0, 0.0]]):
+        c = bound(unmoved).cycle_s
+        assert c is not None and c.low == pytest.approx(alone.cycle_s.low)
+
+
 def test_a_canarys_windows_are_evidence_for_the_candidate_only() -> None:
     """observe_canary feeds a canary replica's window to the candidate's estimates, leaving
     the running profile, the switch history and the traffic alone; the running profile's own

@@ -112,6 +112,13 @@ def test_surface_needs_baseline_and_speculative_data() -> None:
     assert e2 is not None and base is not None
     assert inside(base, float(cost.step_s(8, 1)))
     assert base.high <= e2.high and base.low >= e2.low * 0.95 / 3 * 0.99
+    # A verify that rose since it was first seen may have risen alone: the lower end is that of
+    # the verify before the rise; a fall leaves it where the verify now sets it.
+    risen, fallen = m.cycle.baseline_bound(8, 2.0), m.cycle.baseline_bound(8, 0.5)
+    assert risen is not None and fallen is not None
+    assert risen.low == pytest.approx(base.low / 2.0) and risen.high == base.high
+    assert risen.mean == pytest.approx(math.sqrt(risen.low * risen.high))
+    assert (fallen.low, fallen.high) == (base.low, base.high)
     pred = m.predict("baseline", batch=8.0)
     assert pred.tok_s is not None and pred.source == "bound"
     # Nothing says where in the band the decode lies: it is priced at the band's geometric
