@@ -219,6 +219,7 @@ class Controller:
         self._load_overrides(now)
         interrupted = self.store.open_switch()
         probe = await self.actuator.probe()
+        started = False  # a server this start-up launched (not one adopted)
         if probe.up and probe.profile is not None:
             self.running = probe.profile
             log.info("adopted running server: profile=%s pid=%s", probe.profile, probe.pid)
@@ -267,6 +268,7 @@ class Controller:
             else:
                 self.running = first
                 self.served_since_s = self.clock.now()
+                started = True
         if self.last_good is None or self.last_good not in self.specs:
             self.last_good = self.running
         saved = self.store.load_state(STATE_KEY_POLICY)
@@ -287,6 +289,9 @@ class Controller:
                 self.psettings,
                 adaptive_tables=tables,
             )
+            if started:
+                # Its boot was seen, not a server found serving: the dwell follows it.
+                policy.on_start_up(self.state, self.clock.now())
         # The config may have been edited since the state was saved: it describes the profiles
         # configured now (removed ones forgotten, new ones untried, changed ones re-measured).
         changes = reconcile_profiles(

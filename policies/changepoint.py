@@ -239,18 +239,22 @@ class CusumDetector:
         self.prev_mean = ref
         return CusumEvent("change", t_s, ref, self.mean, n, ref_t)
 
+    @property
+    def armed(self) -> bool:
+        """Whether the regime's warm-up is over, so that a point may raise an alarm. The first
+        regime in which a detector's points vary also has to learn the noise's autocorrelation
+        before it may alarm; later regimes inherit it. Points that have not varied yet (a
+        stream constant in every regime so far) have none to learn."""
+        learnt = self.lr_n > 0 or self.absdiff == 0.0
+        return self.n >= (self.warmup if learnt else max(self.warmup, LR_MIN_WINDOWS))
+
     def update(self, x: float, t_s: float) -> CusumEvent | None:
         """Feed one window's value. Non-finite values are ignored."""
         if not math.isfinite(x):
             return None
         prev_t, self.last_t = self.last_t, float(t_s)
         self._diff(x)
-        # The first regime in which a detector's points vary also has to learn the noise's
-        # autocorrelation before it may alarm; later regimes inherit it. Points that have not
-        # varied yet (a stream constant in every regime so far) have none to learn.
-        learnt = self.lr_n > 0 or self.absdiff == 0.0
-        warmup = self.warmup if learnt else max(self.warmup, LR_MIN_WINDOWS)
-        if self.n < warmup:
+        if not self.armed:
             self._absorb(x)
             if self.n >= self.warmup and not self.established:
                 self.established = True

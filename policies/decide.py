@@ -14,7 +14,9 @@ only when
 and the minimum dwell, the restart budget, the no-flap rule (A -> B -> A inside the amortisation
 horizon without a change point in between) and the burst rule (a regime younger than the restart
 it would need is ridden out: ski rental, at most 2x the loss of an oracle on a burst, unless the
-lengths of enough past regimes say switching now beats waiting) all allow it. Where the traffic
+lengths of enough past regimes say switching now beats waiting) all allow it. A server found
+serving, nothing restarted or changed since, is no restart to dwell after and its traffic no
+burst just begun: neither holds an exploration back there (found_serving). Where the traffic
 of the last long-run window (batch sizes and workload mix) values the candidate below the
 running profile, the regimes that favour the running profile will come back and take the
 switch back: its restart (R_back at C's long-run rate) is added to the cost
@@ -120,6 +122,7 @@ __all__ = [
     "observe_canary",
     "on_canary_rejected",
     "on_canary_started",
+    "on_start_up",
     "on_switch_done",
     "predictions",
 ]
@@ -342,7 +345,7 @@ def decide(
     if traffic is False:
         return _hold(now_s, state, Reason.HOLD_NO_TRAFFIC, diag)
     dwell_left = s.min_dwell_s - (now_s - state.last_switch_s)
-    if dwell_left > 0:
+    if dwell_left > 0 and not found_serving(state):
         diag["dwell_left_s"] = dwell_left
         return _hold(now_s, state, Reason.HOLD_COOLDOWN, diag)
     suspect = _suspected(state, s)
@@ -673,6 +676,22 @@ def _choose(
     return _hold(now_s, state, Reason.HOLD_WITHIN_MARGIN, diag)
 
 
+def found_serving(state: PolicyState) -> bool:
+    """The server was found serving when the policy began, nothing has changed or restarted
+    since (no start, switch or external restart on record), and the traffic's change detectors
+    (concurrency, mix) are past their warm-up. Its traffic predates the controller: the regime
+    is of unknown age, not a burst just begun, and no boot's first windows are being judged, so
+    neither the burst wait nor the dwell holds an exploration back. Until the detectors may
+    alarm, a restart could hide a move of the traffic inside their warm-up, which would absorb
+    it. A server the controller started itself (on_start_up) is not found serving: the dwell
+    follows its boot."""
+    if state.boot_seen or state.last_change_s is not None or state.switches:
+        return False
+    dets = state.monitor.detectors
+    traffic = [d for k, d in dets.items() if k == "batch" or k.startswith("mix:")]
+    return "batch" in dets and all(d.armed for d in traffic)
+
+
 def explore_cap_s(state: PolicyState, s: PolicySettings) -> float:
     """The longest horizon information is valued over: `explore_horizon_s`, or
     `explore_horizon_restarts` restarts of the running profile where that is longer."""
@@ -793,7 +812,7 @@ def _exploration(
     r_back = restart_time(state, state.running, s)
     for q in cands:
         r_q = restart_time(state, q, s)
-        if age < s.burst_wait_factor * r_q:
+        if age < s.burst_wait_factor * r_q and not found_serving(state):
             continue  # a young regime may be a burst: no restart for information either
         pq = preds.get(q)
         info = _info_key(state, scope, pq is None or pq.tok_s is None, q in state.tried)
@@ -838,6 +857,15 @@ def _info_key(state: PolicyState, scope: str, unpredicted: bool, tried: bool) ->
         f"{scope} model_change={state.last_model_change_s!r} "
         f"unpredicted={unpredicted} tried={tried}"
     )
+
+
+def on_start_up(state: PolicyState, now_s: float) -> PolicyState:
+    """The shell reports that it started the server itself at start-up (nothing served before,
+    nothing was adopted), serving since `now_s`: the dwell runs from then, as after any
+    restart. Updates `state` in place and returns it."""
+    state.boot_seen = True
+    state.last_switch_s = float(now_s)
+    return state
 
 
 def on_switch_done(

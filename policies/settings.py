@@ -24,7 +24,8 @@ class PolicySettings:
     # Minimum time on a profile after it started serving before an automatic switch: its own
     # estimates need ~10+ windows of 10 s, and a restart of minutes is only repaid by staying
     # several restart durations; 5 minutes also caps automatic restarts at 12/hour before the
-    # budget below bites.
+    # budget below bites. A server found serving, with nothing restarted or changed since, has
+    # no dwell once its traffic's detectors are past their warm-up (decide.found_serving).
     min_dwell_s: float = 300.0
     # Automatic restarts (predicted gain + exploration) allowed per rolling hour: each costs
     # minutes of zero output, 3 bound the worst-case loss to ~15% of an hour at 3-minute restarts.

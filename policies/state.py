@@ -39,6 +39,9 @@ class PolicyState:
     last_switch_s: float
     regime_start_s: float
     last_change_s: float | None = None
+    # Whether the controller saw the running server's boot (its own start-up start: on_start_up)
+    # rather than finding it serving: the dwell then follows that boot (decide.found_serving).
+    boot_seen: bool = False
     switches: list[dict[str, Any]] = field(default_factory=list)
     restart_s: dict[str, float] = field(default_factory=dict)
     # Per profile, the boot its latest server reported (Observation.startup_s).
@@ -136,6 +139,7 @@ class PolicyState:
             "monitor": self.monitor.to_dict(),
             "regimes": self.regimes.to_dict(),
             "last_switch_s": self.last_switch_s,
+            "boot_seen": self.boot_seen,
             "regime_start_s": self.regime_start_s,
             "last_change_s": self.last_change_s,
             "switches": [dict(s) for s in self.switches],
@@ -178,6 +182,8 @@ class PolicyState:
             monitor=ChangeMonitor.from_dict(d["monitor"]),
             regimes=RegimeDurations.from_dict(d["regimes"]),
             last_switch_s=float(d["last_switch_s"]),
+            # Saved before it was kept: taken as seen (the dwell holds, as it did then).
+            boot_seen=bool(d.get("boot_seen", True)),
             regime_start_s=float(d["regime_start_s"]),
             last_change_s=d.get("last_change_s"),
             switches=[dict(s) for s in d.get("switches", [])],

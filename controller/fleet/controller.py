@@ -227,6 +227,9 @@ class FleetController:
             self.psettings,
             adaptive_tables=adaptive_tables.initial_tables(self.settings),
         )
+        if probe.profile is None:
+            # The replicas' boots were seen, not a fleet found serving: the dwell follows them.
+            policy.on_start_up(self.state, self.clock.now())
         log.info(
             "fleet up: %d replicas on %s behind %s",
             len(self.actuator.replicas),

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from policies.changepoint import (
+    LR_MIN_WINDOWS,
     ChangeMonitor,
     CusumDetector,
     CusumEvent,
@@ -396,3 +397,30 @@ def test_a_blind_detector_saved_before_constant_streams_were_handled_starts_its_
     assert CusumDetector.from_dict(real).to_dict() == {**real, "skip_diffs": 0}
     after_fix = dict(saved, skip_diffs=0)
     assert CusumDetector.from_dict(after_fix).to_dict() == after_fix
+
+
+def test_armed_says_when_a_point_may_alarm() -> None:
+    """A regime's warm-up absorbs its points, a move among them too: `armed` says when it is
+    over. A stream that varies learns its noise's autocorrelation in its first regime
+    (LR_MIN_WINDOWS points); one that has not varied needs only the warm-up."""
+    rng = np.random.default_rng(3)
+    noisy = CusumDetector(warmup=6)
+    for i in range(LR_MIN_WINDOWS):
+        assert not noisy.armed
+        assert noisy.update(10.0 + float(rng.normal(0.0, 0.1)), 10.0 * i) is None or i == 5
+    assert noisy.armed
+    flat = CusumDetector(warmup=6)
+    for i in range(6):
+        assert not flat.armed
+        flat.update(4.0, 10.0 * i)
+    assert flat.armed
+    # Armed, a move alarms within a few points; unarmed, the same move is absorbed.
+    for det, t0 in ((noisy, 10.0 * LR_MIN_WINDOWS), (flat, 60.0)):
+        ev = [det.update(20.0, t0 + 10.0 * i) for i in range(4)]
+        assert any(e is not None and e.kind == "change" for e in ev)
+    early = CusumDetector(warmup=6)
+    for i in range(8):
+        early.update(10.0 + float(rng.normal(0.0, 0.1)), 10.0 * i)
+    assert not early.armed
+    ev = [early.update(20.0, 80.0 + 10.0 * i) for i in range(4)]
+    assert all(e is None or e.kind != "change" for e in ev)

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from policies.changepoint import LR_MIN_WINDOWS
 from policies.decide import (
     PolicySettings,
     PolicyState,
@@ -11,7 +12,9 @@ from policies.decide import (
     budget_exhausted,
     decide,
     explore_cap_s,
+    found_serving,
     initial_state,
+    on_start_up,
     on_switch_done,
     predictions,
 )
@@ -124,7 +127,11 @@ def test_decision_table(warm_state, overrides, obs_kind, reason, action, target)
 
 
 def test_cooldown_inside_dwell_and_insufficient_data_after() -> None:
+    """The dwell follows a restart on record (here a start reported through on_switch_done, as
+    the daemon reports its own start-up start)."""
     state = initial_state(PROFILES, "eagle5", 0.0, S)
+    state = on_switch_done(state, "eagle5", True, 60.0, 0.0)
+    assert not found_serving(state)
     syn = Synth(seed=2)
     state, d = decide(state, syn.window(E5, 10.0, 8, HI, MIX), 10.0, S, Overrides())
     assert d.reason is Reason.HOLD_COOLDOWN and d.diagnostics["dwell_left_s"] == pytest.approx(290)
@@ -132,13 +139,35 @@ def test_cooldown_inside_dwell_and_insufficient_data_after() -> None:
     assert d.reason is Reason.HOLD_INSUFFICIENT_DATA
 
 
-def test_explores_from_baseline_to_the_most_revealing_profile() -> None:
+@pytest.mark.parametrize("start", ["found", "booted", "restarted"])
+def test_explores_from_baseline_to_the_most_revealing_profile(start: str) -> None:
+    """A server found serving (nothing restarted or changed since the policy began) is explored
+    as soon as its traffic's change detectors are past their warm-up (a restart before then
+    could hide a move of the traffic inside it): its traffic predates the controller, so
+    neither the rest of the dwell nor the burst wait applies. After a boot the controller saw
+    (its own start-up start, on_start_up) or a restart on record the dwell does; either way the
+    policy never switches on a timer alone."""
     dr = Driver("baseline", seed=3)
+    if start == "booted":
+        dr.state = on_start_up(dr.state, 0.0)
+        assert dr.state.boot_seen and PolicyState.from_dict(dr.state.to_dict()).boot_seen
+    elif start == "restarted":
+        dr.state = on_switch_done(dr.state, "baseline", True, 60.0, 0.0)
+    assert not found_serving(dr.state)  # nothing learnt yet, or a boot on record
+    old = dr.state.to_dict()
+    del old["boot_seen"]  # a state saved before it was kept: taken as seen, the dwell holds
+    assert PolicyState.from_dict(old).boot_seen
     dr.run(120, 8, HI, MIX)
     sw = dr.switches()
     assert [(d.reason, d.profile) for d in sw] == [(Reason.EXPLORE, "eagle5")]
-    # Before the switch the policy held on dwell and the burst rule, never on a timer alone.
-    assert sw[0].t_s >= S.min_dwell_s
+    if start != "found":
+        assert sw[0].t_s >= S.min_dwell_s
+    else:
+        assert sw[0].t_s < S.min_dwell_s
+        # The synth's batch size varies: its detector learns its noise's autocorrelation first.
+        assert sw[0].t_s >= LR_MIN_WINDOWS * dr.window_s
+        held = {d.reason for d in dr.decisions if d.t_s < sw[0].t_s}
+        assert held <= {Reason.HOLD_INSUFFICIENT_DATA, Reason.HOLD_COOLDOWN}
     # Once there, 2-step is known by truncation and the policy holds the best profile.
     assert dr.decisions[-1].reason is Reason.HOLD_BEST
     preds = {p.profile: p for p in predictions(dr.state)}
