@@ -225,12 +225,13 @@ def begin_manual_switch(state: PolicyState, target: str, now_s: float) -> Estima
 
 def _decode_predictions(state: PolicyState, stale_widen: float) -> list[ProfilePrediction]:
     """The cycle model's predictions: decode tokens per decode second (B x E[L] / T(B))."""
+    verify_rise = math.prod(r for _, r, v in state.cycle_moves if v)
     preds = [
         state.model_prediction(
             p.name,
             stale_widen,
             cycle_moves=[(t, r) for t, r, v in state.cycle_moves if bool(v) == p.speculative],
-            verify_moves=[r for _, r, v in state.cycle_moves if v],
+            verify_rise=verify_rise,
         )
         for p in state.profiles
     ]
@@ -810,9 +811,10 @@ def _exploration(
     cands = [p.name for p in state.profiles if unknown(p.name)]
     best: tuple[float, str] | None = None
     r_back = restart_time(state, state.running, s)
+    burst_wait = not found_serving(state)
     for q in cands:
         r_q = restart_time(state, q, s)
-        if age < s.burst_wait_factor * r_q and not found_serving(state):
+        if burst_wait and age < s.burst_wait_factor * r_q:
             continue  # a young regime may be a burst: no restart for information either
         pq = preds.get(q)
         info = _info_key(state, scope, pq is None or pq.tok_s is None, q in state.tried)

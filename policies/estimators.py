@@ -218,7 +218,7 @@ class ThroughputModel:
         stale_widen: float = 2.0,
         cycle_moves: Sequence[tuple[float, float]] = (),
         cycle_fresh_since_s: float | None = None,
-        verify_moves: Sequence[float] = (),
+        verify_rise: float = 1.0,
     ) -> ProfilePrediction:
         """tok/s of `profile` at `batch` (default: the batch it would serve under the load offered
         now, `batch_for`) and `mix` (default: the mix now). Acceptance whose newest data
@@ -231,10 +231,10 @@ class ThroughputModel:
         has most likely moved as far as their product (a change of system state moves every
         forward of a kind: FIELD.md's reboot moved the verify 1.5x and the decode 1.08x), so it
         is centred there; the move may also have been the other profile's alone, so its interval
-        reaches back to the old level. `verify_moves`: the ratios of every detected change of a
-        verify forward's step time; where their product is above 1, a baseline never run is
-        bounded below by the verify as it was before them (they may have been the verify's
-        alone), see CycleTimeSurface.baseline_bound."""
+        reaches back to the old level. `verify_rise`: the product of the ratios of every
+        detected change of a verify forward's step time; where it is above 1, a baseline never
+        run is bounded below by the verify as it was before them (they may have been the
+        verify's alone), see CycleTimeSurface.baseline_bound."""
         if profile not in self.specs:
             raise KeyError(f"unknown profile {profile!r}")
         spec = self.specs[profile]
@@ -248,7 +248,7 @@ class ThroughputModel:
             return ProfilePrediction(profile, None, observed_tok_s=observed, source="no_traffic")
         cyc = self.cycle.estimate(profile, b)
         if cyc is None and not spec.speculative:
-            cyc = self.cycle.baseline_bound(b, math.prod(verify_moves))
+            cyc = self.cycle.baseline_bound(b, verify_rise)
         acc = self.accept_for_mix(profile, mx, fresh_since_s, sample, b)
         base_name = self._baseline_name()
         # The break-even accept length needs the baseline's step time, not a bound on it.

@@ -111,7 +111,7 @@ class PolicyState:
         batch: float | None = None,
         mix: Mapping[str, float] | None = None,
         cycle_moves: Sequence[tuple[float, float]] = (),
-        verify_moves: Sequence[float] = (),
+        verify_rise: float = 1.0,
     ) -> ProfilePrediction:
         """The cycle model's prediction of a fixed profile (decode tok/s), its accept lengths
         stale after the last change in acceptance and its step times after the last one in
@@ -124,7 +124,7 @@ class PolicyState:
             cycle_fresh_since_s=self.last_cycle_change_s,
             stale_widen=stale_widen,
             cycle_moves=cycle_moves,
-            verify_moves=verify_moves,
+            verify_rise=verify_rise,
         )
 
     def copy(self) -> PolicyState:
