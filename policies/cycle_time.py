@@ -63,6 +63,13 @@ DRAFT_SHARE_MAX = 0.05
 # exactly; the simulator's MoE and dense profiles stay within ~2% after the per-sequence term.
 TOKEN_EQUIVALENCE_REL_ERR = 0.05
 
+# How far (relative) beyond the physical band another batch bucket's data put it, after both
+# buckets' sampling error, a bucket's step time must lie before the two are taken for forwards
+# of different states of the system (`contradiction`): the band holds a forward's cost at one
+# context length, and a mix of other prompt lengths moves a dense model's per-sequence cost by
+# up to about this much at the batch sizes served (the simulator's Llama 8B, 64 streams).
+CONTRADICTION_REL_TOL = SURFACE_REL_ERR_FLOOR
+
 
 def _shaped(
     pts: Sequence[tuple[float, float, float, int]], batch: float, lin: float, lo: float, hi: float
@@ -107,6 +114,7 @@ class LineStats:
     count: int = 0  # windows since the last discount (the minimum-data rule counts these)
     last_t_s: float | None = None
     rejected: int = 0
+    first_t_s: float | None = None  # the first window's time (a bucket's data begin there)
 
     def scale(self, f: float) -> None:
         self.s0 *= f
@@ -156,6 +164,10 @@ class LineStats:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LineStats:
         return cls(**dict(d))
+
+
+# The additive fields of LineStats: a line over several buckets' windows is their sum.
+MOMENT_FIELDS = ("s0", "s1", "sy", "s2", "sxy", "windows", "windows2", "res_w", "res_ss")
 
 
 @dataclass(frozen=True)
@@ -251,6 +263,15 @@ def _truncated_mean(mean: float, var: float, lo: float, hi: float) -> float:
         return lo if b < 0 else hi
     pdf = (math.exp(-0.5 * a * a) - math.exp(-0.5 * b * b)) / math.sqrt(2.0 * math.pi)
     return min(max(mean + sd * pdf / mass, lo), hi)
+
+
+class Contradiction(NamedTuple):
+    """A batch bucket's step time outside the band another bucket's older data allow
+    (CycleTimeSurface.contradiction)."""
+
+    ratio: float  # the new level over the band's nearer edge (> 1: dearer), for the furthest
+    buckets: tuple[int, ...]  # the buckets whose data it contradicts
+    since_s: float  # the first window of the contradicting bucket
 
 
 class CycleTimeSurface:
@@ -352,6 +373,8 @@ class CycleTimeSurface:
             line.windows2 += 1.0
             line.count += 1
             line.last_t_s = t_s
+            if line.first_t_s is None:
+                line.first_t_s = t_s
         self._steps_since_fit += n
         total = sum(x.s0 for x in self.stats.values())
         if self._steps_since_fit > REFIT_FRACTION * total or self._members() != self._fit_members:
@@ -388,6 +411,75 @@ class CycleTimeSurface:
         for st in (self.stats[profile], *self.buckets[profile].values()):
             st.scale(carryover(f, st.windows, max_windows))
             st.count = 0
+        self._fit_dirty = True
+
+    def contradiction(self, profile: str, batch: float) -> Contradiction | None:
+        """Whether the step time `profile` serves at `batch` (its batch bucket, with enough
+        data) cannot be the same forward as that of its buckets whose data all predate the
+        bucket's first window (`since_s`), or None.
+
+        A forward's step time never falls as the batch grows, and its time per sequence never
+        rises (`_own_predict`), so a bucket's level lies in [y0, y0 B/B0] (growing) or
+        [y0 B/B0, y0] (shrinking) of another's (B0, y0). A level beyond that band, by more than
+        both levels' sampling error and CONTRADICTION_REL_TOL, says the system moved between the
+        two (a change of system state that came with a change of concurrency, which the
+        step-time stream cannot see: it compares like batch sizes only; a random day's 7-step
+        served 16 streams in 83 ms, then 32 in 206 ms, 1.24x the most 16 allow, the verify 1.41x
+        dearer since, and 2-step, read off the old 16-stream data, was switched to at 1.4x the
+        rate it served). `ratio` is the new level over the band's nearer edge for the bucket
+        furthest out: a lower bound on how far the step time moved. Adaptive profiles are not
+        judged (their tokens per sequence move with the batch)."""
+        if self.specs[profile].adaptive or batch <= 0 or not math.isfinite(batch):
+            return None
+        pts = self._points(profile)
+        k = batch_bucket(batch)
+        new = next((p for p in pts if p[3] == k), None)
+        since = self.buckets[profile][k].first_t_s if new is not None else None
+        if new is None or since is None:
+            return None
+        b1, y1, v1, _ = new
+        h1 = Z90 * math.sqrt(v1)
+        tol = CONTRADICTION_REL_TOL
+        worst, keys = 1.0, []
+        for b0, y0, v0, j in pts:
+            last = self.buckets[profile][j].last_t_s
+            if j == k or last is None or last >= since:
+                continue
+            h0 = Z90 * math.sqrt(v0)
+            grow = b1 / b0
+            if y1 - h1 > (y0 + h0) * max(grow, 1.0) * (1.0 + tol):
+                r = y1 / (y0 * max(grow, 1.0))
+            elif y1 + h1 < (y0 - h0) * min(grow, 1.0) * (1.0 - tol):
+                r = y1 / (y0 * min(grow, 1.0))
+            else:
+                continue
+            keys.append(j)
+            if abs(math.log(r)) > abs(math.log(worst)):
+                worst = r
+        return Contradiction(worst, tuple(keys), since) if keys else None
+
+    def drop_buckets(self, profile: str, keys: Collection[int]) -> None:
+        """Forget `profile`'s data in the batch buckets `keys` (a forward of another state of
+        the system, `contradiction`), in the buckets and in the profile's line over all its
+        windows, which becomes the sum of the buckets kept (the same windows' moments, each
+        bucket's consistent on its own, so their sum is too)."""
+        buckets = self.buckets[profile]
+        for k in keys:
+            buckets.pop(k, None)
+        old = self.stats[profile]
+        line = LineStats(rejected=old.rejected)
+        for b in buckets.values():
+            for f in MOMENT_FIELDS:
+                setattr(line, f, getattr(line, f) + getattr(b, f))
+            line.count += b.count
+        line.last_t_s = max(
+            (b.last_t_s for b in buckets.values() if b.last_t_s is not None), default=None
+        )
+        line.first_t_s = min(
+            (b.first_t_s for b in buckets.values() if b.first_t_s is not None), default=None
+        )
+        self.stats[profile] = line
+        self._memo.clear()
         self._fit_dirty = True
 
     def reprofile(self, profiles: Sequence[ProfileSpec], reset: Collection[str] = ()) -> None:

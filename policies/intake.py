@@ -93,10 +93,41 @@ def _system_cycle_change(
     )
     state.model.cycle.discount(p, s.change_discount)
     hybrid_decide.discount_self(state, p, s.change_discount, "cycle")
+    if ev.before > 0:
+        _cycle_moved(state, p, t_change, ev.after / ev.before)
+
+
+def _cycle_moved(state: PolicyState, p: str, t_change: float, ratio: float) -> None:
+    """Profile `p`'s step time moved by `ratio` at `t_change` with the system: every other
+    profile's cycle data made stale, and the move remembered for the profiles of its forward
+    kind (cycle_moves)."""
     _model_change(state, t_change, "cycle")
-    if ev.before > 0 and ev.after > 0 and math.isfinite(ev.after / ev.before):
-        move = [t_change, ev.after / ev.before, 1.0 if state.specs[p].speculative else 0.0]
+    if ratio > 0 and math.isfinite(ratio):
+        move = [t_change, ratio, 1.0 if state.specs[p].speculative else 0.0]
         state.cycle_moves = [*state.cycle_moves, move][-MAX_CYCLE_MOVES:]
+
+
+def _contradicted_cycle(state: PolicyState, obs: Observation, s: PolicySettings) -> None:
+    """The running profile's step time at the batch size of this window contradicts what its
+    older data at other batch sizes allow (CycleTimeSurface.contradiction): the system moved
+    while the batch did, which the step-time stream (like batch sizes only) cannot see. The
+    older data describe another system: forgotten, drift reported, and the move (at least the
+    contradiction's ratio) treated as a detected one (_cycle_moved)."""
+    m, p = obs.moments, obs.profile
+    if m is None or m.n_steps <= 0:
+        return
+    batch = m.sum_bs / m.n_steps
+    c = state.model.cycle.contradiction(p, batch)
+    if c is None:
+        return
+    after = state.model.cycle.estimate(p, batch)
+    state.model.cycle.drop_buckets(p, c.buckets)
+    if after is not None:
+        f = drift_finding(
+            f"cycle:{p}", after.mean / c.ratio, after.mean, obs.t_s, s.drift_min_rel, "s"
+        )
+        _add_finding(state, f, s)
+    _cycle_moved(state, p, c.since_s - obs.window_s, c.ratio)
 
 
 def _on_event(
@@ -291,6 +322,7 @@ def ingest(state: PolicyState, obs: Observation, s: PolicySettings) -> str:
     if obs.counter_reset:
         return "reset"
     sig = state.model.observe(obs)
+    _contradicted_cycle(state, obs, s)
     if sig.batch is not None:
         k = batch_bucket(sig.batch)
         state.served_top[obs.profile] = max(k, state.served_top.get(obs.profile, k))
